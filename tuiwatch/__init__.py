@@ -1,0 +1,40 @@
+"""tuiwatch: ``top`` for a PyTorch training run.
+
+Public names resolve lazily, so ``import tuiwatch`` (and the viewer) load no
+torch; ``tuiwatch.Watch`` imports the publisher, and torch with it, on first use.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from tuiwatch._version import __version__
+
+if TYPE_CHECKING:
+    from tuiwatch.errors import NonFiniteError, StopRequested, TuiwatchError
+    from tuiwatch.ledger.reader import read_ledger
+    from tuiwatch.publisher.watch import Watch
+
+_PUBLIC = {
+    "Watch": "tuiwatch.publisher.watch",
+    "NonFiniteError": "tuiwatch.errors",
+    "StopRequested": "tuiwatch.errors",
+    "TuiwatchError": "tuiwatch.errors",
+    "read_ledger": "tuiwatch.ledger.reader",
+}
+
+__all__ = ["NonFiniteError", "StopRequested", "TuiwatchError", "Watch", "__version__", "read_ledger"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tuiwatch' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,83 @@
+"""JSON Lines codec: one record per line, UTF-8, no NaN literals.
+
+JSON has no NaN or infinity, and ``jq`` rejects the ``NaN`` that Python's json
+module writes, so non-finite floats travel as the strings ``"nan"``, ``"inf"``
+and ``"-inf"``; :func:`decode` turns them back into floats in step and eval
+records (the only kinds whose values are user metrics).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+
+from tuiwatch.ledger.records import Record
+
+_NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+_METRIC_KINDS = ("step", "eval")
+
+
+class DecodeError(ValueError):
+    """A line that is not one JSON object."""
+
+
+def _finite_or_text(value: float) -> float | str:
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "nan"
+    return "inf" if value > 0 else "-inf"
+
+
+def _replace_nonfinite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return _finite_or_text(obj)
+    if isinstance(obj, dict):
+        return {k: _replace_nonfinite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_replace_nonfinite(v) for v in obj]
+    return obj
+
+
+def _has_nonfinite(obj: Any) -> bool:
+    if type(obj) is float:
+        return not math.isfinite(obj)
+    if isinstance(obj, dict):
+        return any(_has_nonfinite(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(_has_nonfinite(v) for v in obj)
+    return False
+
+
+def encode(record: Record) -> bytes:
+    """One record as one line of bytes, newline included."""
+    # orjson silently writes NaN as null, which would erase the very value a
+    # user needs at 2 a.m.; the scan is cheap next to the dump itself.
+    if _has_nonfinite(record):
+        record = _replace_nonfinite(record)
+    return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def _restore_nonfinite(value: Any) -> Any:
+    if isinstance(value, str):
+        return _NONFINITE_TEXT.get(value, value)
+    if isinstance(value, list):
+        return [_restore_nonfinite(v) for v in value]
+    return value
+
+
+def decode(line: bytes | str) -> Record:
+    """Parse one line into a record; raise :class:`DecodeError` if it is not a JSON object."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DecodeError(f"expected a JSON object, got {type(obj).__name__}")
+    if obj.get("kind") in _METRIC_KINDS:
+        for key, value in obj.items():
+            if isinstance(value, str | list) and key not in ("kind", "batch_ids", "batch_shape"):
+                obj[key] = _restore_nonfinite(value)
+    return obj

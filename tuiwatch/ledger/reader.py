@@ -1,0 +1,59 @@
+"""Reading a ledger file: every complete record, never an exception for a bad line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.codec import DecodeError, decode
+from tuiwatch.ledger.records import Record
+
+LEDGER_NAME = "ledger.jsonl"
+
+
+def ledger_path(path: str | Path) -> Path:
+    """The ledger file for ``path``: the file itself, or ``ledger.jsonl`` in a run directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / LEDGER_NAME
+    if not p.is_file():
+        raise TuiwatchError(f"no ledger at {path}: give a ledger.jsonl file or a run directory")
+    return p
+
+
+class LedgerReader:
+    """Iterates over the records of a ledger file.
+
+    A torn last line (the writer died mid-write) and any other line that is not
+    a JSON object are skipped and counted in :attr:`skipped`; the reader never
+    raises for file content.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = ledger_path(path)
+        self.skipped = 0
+        self.torn_tail = False
+
+    def __iter__(self) -> Iterator[Record]:
+        self.skipped = 0
+        self.torn_tail = False
+        with open(self.path, "rb") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                try:
+                    yield decode(line)
+                except DecodeError:
+                    self.skipped += 1
+                    if not line.endswith(b"\n"):
+                        self.torn_tail = True
+
+
+def read_ledger(path: str | Path) -> LedgerReader:
+    """Records of the ledger at ``path`` (a ``ledger.jsonl`` or a run directory).
+
+    ``list(read_ledger(p))`` gives the records; the reader's ``skipped`` then
+    says how many lines could not be read (a torn last line after a crash).
+    """
+    return LedgerReader(path)

@@ -1,0 +1,133 @@
+"""Where run sockets live, and the checks that keep that place private."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuiwatch.errors import UnsafeSocketDirError
+
+SOCKET_SUFFIX = ".sock"
+_UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def socket_dir() -> Path:
+    """``$TUIWATCH_DIR``, else ``$XDG_RUNTIME_DIR/tuiwatch``, else ``/tmp/tuiwatch-<uid>``."""
+    if os.environ.get("TUIWATCH_DIR"):
+        return Path(os.environ["TUIWATCH_DIR"])
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "tuiwatch"
+    return Path(f"/tmp/tuiwatch-{os.getuid()}")
+
+
+def check_private_dir(path: Path) -> None:
+    """Raise :class:`UnsafeSocketDirError` unless ``path`` is a real directory only we can use."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise UnsafeSocketDirError(f"socket directory {path} does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafeSocketDirError(
+            f"socket directory {path} is a symlink: remove it or set TUIWATCH_DIR to a private directory"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeSocketDirError(f"socket directory {path} is not a directory: remove it or set TUIWATCH_DIR")
+    if st.st_uid != os.getuid():
+        raise UnsafeSocketDirError(
+            f"socket directory {path} is owned by uid {st.st_uid}, not you: set TUIWATCH_DIR to a directory of yours"
+        )
+    if st.st_mode & 0o077:
+        raise UnsafeSocketDirError(
+            f"socket directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, other users could reach "
+            f"the runs: run 'chmod 700 {path}'"
+        )
+
+
+def ensure_socket_dir(path: Path | None = None) -> Path:
+    """Create the socket directory 0700 if missing, then check it is private."""
+    path = path or socket_dir()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UnsafeSocketDirError(f"cannot create socket directory {path}: {exc.strerror}") from None
+    check_private_dir(path)
+    return path
+
+
+def safe_name(name: str) -> str:
+    """A run name usable in a file name: no separators, no dots at the start."""
+    cleaned = _UNSAFE_NAME_CHARS.sub("-", name).strip(".-")
+    return cleaned[:64] or "run"
+
+
+def socket_path(directory: Path, name: str, pid: int) -> Path:
+    return directory / f"{safe_name(name)}.{pid}{SOCKET_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class SocketEntry:
+    path: Path
+    name: str
+    pid: int
+
+
+def parse_socket_name(path: Path) -> SocketEntry | None:
+    """``<name>.<pid>.sock`` → its parts, or None for anything else in the directory."""
+    if not path.name.endswith(SOCKET_SUFFIX):
+        return None
+    stem = path.name[: -len(SOCKET_SUFFIX)]
+    name, _, pid = stem.rpartition(".")
+    if not name or not pid.isdigit():
+        return None
+    return SocketEntry(path=path, name=name, pid=int(pid))
+
+
+def list_sockets(directory: Path) -> list[SocketEntry]:
+    try:
+        names = sorted(directory.iterdir())
+    except FileNotFoundError:
+        return []
+    return [e for e in (parse_socket_name(p) for p in names) if e is not None]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_sockets(directory: Path) -> list[SocketEntry]:
+    """Remove sockets whose process is gone or that nothing listens on; return the live ones."""
+    import socket as _socket
+
+    live = []
+    for entry in list_sockets(directory):
+        stale = not _pid_alive(entry.pid)
+        if not stale:
+            probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            try:
+                probe.settimeout(1.0)
+                probe.connect(str(entry.path))
+            except (ConnectionRefusedError, FileNotFoundError):
+                stale = True
+            except OSError:
+                pass  # busy or slow: leave it alone
+            finally:
+                probe.close()
+        if stale:
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
+        else:
+            live.append(entry)
+    return live

@@ -1,0 +1,155 @@
+"""The wire protocol between a run and its viewers.
+
+Transport: one Unix stream socket per training process, at
+``<socket dir>/<name>.<pid>.sock`` (see :mod:`tuiwatch.ledger.socketdir`),
+mode 0600 inside a 0700 directory. The server reads the peer's uid with
+``SO_PEERCRED`` on accept and closes a connection of another uid before
+sending it one byte.
+
+Server → viewer: JSON Lines, exactly the bytes of the ledger (codec in
+:mod:`tuiwatch.ledger.codec`). A connection starts at the ledger's first
+record, the ``run`` record, replays the history, and then carries live
+records as they are written; order is the ledger's order, with no gap and no
+duplicate. A viewer that stops reading is dropped (and counted), never waited
+for. Without a ledger file the history is a bounded in-memory tail, sent after
+the ``run`` record.
+
+Viewer → server: JSON Lines ``{"cmd": C, "id": N}`` with C one of
+:data:`COMMANDS` and N an integer chosen by the viewer. Every command gets one
+``action`` record in reply, carrying the same ``id``. A line longer than
+:data:`MAX_LINE_BYTES` closes the connection after an error reply; a line
+that is not such an object gets an ``action`` reply with ``ok: false``.
+Nothing read from a socket is unpickled or evaluated: JSON only.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuiwatch.ledger.codec import DecodeError, decode, encode
+from tuiwatch.ledger.records import Record
+
+MAX_LINE_BYTES = 64 * 1024
+COMMANDS = ("checkpoint", "dump", "pause", "resume", "stop")
+_PEERCRED = struct.Struct("3i")
+
+
+class ProtocolError(ValueError):
+    """A line a peer sent that is not a valid command; the message is the reply's ``error``."""
+
+
+@dataclass(frozen=True)
+class Command:
+    cmd: str
+    id: int
+
+
+def parse_command(line: bytes) -> Command:
+    """One viewer → server line as a :class:`Command`, or :class:`ProtocolError` saying why not."""
+    if len(line) > MAX_LINE_BYTES:
+        raise ProtocolError(f"command line longer than {MAX_LINE_BYTES} bytes")
+    try:
+        obj = decode(line)
+    except DecodeError as exc:
+        raise ProtocolError(f"bad command line: {exc}") from None
+    cmd = obj.get("cmd")
+    cmd_id = obj.get("id")
+    if not isinstance(cmd, str) or cmd not in COMMANDS:
+        shown = cmd if isinstance(cmd, str) else type(cmd).__name__
+        raise ProtocolError(f"unknown command {shown[:40]!r}: expected one of {', '.join(COMMANDS)}")
+    if not isinstance(cmd_id, int) or isinstance(cmd_id, bool):
+        raise ProtocolError("command needs an integer 'id'")
+    return Command(cmd=cmd, id=cmd_id)
+
+
+def command_line(cmd: str, cmd_id: int) -> bytes:
+    return encode({"cmd": cmd, "id": cmd_id})
+
+
+def action_record(
+    action: str | None,
+    *,
+    cmd_id: int | None,
+    ok: bool,
+    step: int | None,
+    path: str | None = None,
+    error: str | None = None,
+) -> Record:
+    return {
+        "kind": "action",
+        "t": time.time(),
+        "id": cmd_id,
+        "action": action,
+        "ok": ok,
+        "path": path,
+        "error": error,
+        "step": step,
+    }
+
+
+class LineSplitter:
+    """Splits a byte stream into lines, refusing any line over ``limit`` bytes."""
+
+    def __init__(self, limit: int = MAX_LINE_BYTES):
+        self.limit = limit
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Complete lines in ``data`` (without newline); :class:`ProtocolError` if one is too long."""
+        self._buf += data
+        lines = []
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                break
+            lines.append(bytes(self._buf[:nl]))
+            del self._buf[: nl + 1]
+        if len(self._buf) > self.limit or any(len(line) > self.limit for line in lines):
+            raise ProtocolError(f"line longer than {self.limit} bytes")
+        return lines
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    _pid, uid, _gid = _PEERCRED.unpack(raw)
+    return int(uid)
+
+
+def connect(path: str | Path, timeout: float = 2.0) -> socket.socket:
+    """A connected client socket to a run; OSError when nothing listens there."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def iter_records(sock: socket.socket, limit: int = 16 * MAX_LINE_BYTES) -> Iterator[Record]:
+    """Records read from a connected socket until the server closes it.
+
+    Lines that do not decode are skipped; a line over ``limit`` bytes ends the
+    stream (a hostile or broken peer cannot make the reader grow without bound).
+    """
+    splitter = LineSplitter(limit)
+    while True:
+        data = sock.recv(1 << 16)
+        if not data:
+            return
+        try:
+            lines = splitter.feed(data)
+        except ProtocolError:
+            return
+        for line in lines:
+            try:
+                yield decode(line)
+            except DecodeError:
+                continue

@@ -1,0 +1,239 @@
+"""The publisher's one background thread: resolve, encode, write, serve.
+
+The training thread only calls :meth:`Pipeline.put`, which appends to a
+bounded buffer under a lock held for two list operations. Everything slow
+(reading device values, JSON, the file, the sockets, system sampling)
+happens here, every ``period_s``. When the buffer is full the oldest item is
+dropped and counted, and the count reaches the ledger as a ``publisher``
+record. An exception in here never reaches training: the run goes on, the
+status becomes ``degraded`` and one warning goes to stderr.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from tuiwatch.ledger.codec import encode
+from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.wire import Command
+from tuiwatch.ledger.writer import LedgerStore, MemoryTail
+from tuiwatch.publisher.server import Server
+from tuiwatch.publisher.system import SystemSampler
+
+
+class PendingRecord(Protocol):
+    """A record whose values may still be on the device."""
+
+    def ready(self) -> bool: ...
+    def build(self) -> Record: ...
+
+
+Item = Record | PendingRecord
+
+# How long a record may wait for its device values before it is written with
+# what is there (a CUDA stream that never completes must not stall the ledger).
+MAX_WAIT_S = 5.0
+
+
+class Pipeline:
+    def __init__(
+        self,
+        store: LedgerStore,
+        *,
+        capacity: int = 10_000,
+        period_s: float = 0.02,
+        system_interval_s: float | None = 1.0,
+    ):
+        self.store = store
+        self.capacity = capacity
+        self.period_s = period_s
+        self.server: Server | None = None
+        self.status = "ok"
+        self.error: str | None = None
+        self.dropped_records = 0
+        self._end: Record | None = None
+        self._lock = threading.Lock()
+        self._items: deque[Item] = deque()
+        self._head_since: float | None = None
+        self._stopping = threading.Event()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._sampler = SystemSampler(system_interval_s) if system_interval_s else None
+        self._last_counters: tuple[Any, ...] = ()
+        self._next_counters = 0.0
+        self._thread = threading.Thread(target=self._run, name="tuiwatch-publisher", daemon=True)
+
+    # --- training thread -------------------------------------------------------------
+
+    def put(self, item: Item) -> None:
+        with self._lock:
+            if len(self._items) >= self.capacity:
+                self._items.popleft()
+                self.dropped_records += 1
+            self._items.append(item)
+
+    def start_server(
+        self, path: Path, run_line: bytes, on_command: Callable[[Command], Record | None], **limits: Any
+    ) -> None:
+        """Listen on ``path`` (called before :meth:`start`; raises OSError if it cannot)."""
+        self.server = Server(path, self.store, run_line, on_command, self._selector, **limits)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, end: Record, timeout_s: float = 2.0) -> bool:
+        """Write ``end`` last, flush and stop within ``timeout_s``; False if the thread is stuck."""
+        self._end = end
+        self._stopping.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def abandon_after_fork(self) -> None:
+        """In a forked child: never write, serve or flush on the parent's behalf."""
+        self._stopping.set()
+        self._items = deque()
+        self.server = None
+
+    # --- pipeline thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            self._guard(self._cycle)
+        self._guard(lambda: self._drain(final=True))
+        self._guard(self._write_end)
+        if self.server is not None:
+            self._guard(self.server.close)
+        self._guard(self.store.flush)
+        self.store.close()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _cycle(self) -> None:
+        for key, mask in self._selector.select(self.period_s):
+            if key.fileobj is self._wake_r:
+                try:
+                    self._wake_r.recv(4096)
+                except OSError:
+                    pass
+            elif self.server is not None:
+                self._guard(lambda key=key, mask=mask: self.server.handle(key, mask))  # type: ignore[union-attr]
+        self._drain(final=False)
+        now = time.monotonic()
+        if self._sampler is not None and self._sampler.due(now):
+            self._append([self._sampler.sample(now)])
+        if now >= self._next_counters:
+            self._next_counters = now + 1.0
+            self._write_counters(force=False)
+        if self.server is not None:
+            self.server.pump()
+
+    def _drain(self, final: bool) -> None:
+        with self._lock:
+            items = list(self._items)
+            self._items.clear()
+        if not items:
+            return
+        records: list[Record] = []
+        for index, item in enumerate(items):
+            if isinstance(item, dict):
+                records.append(item)
+                continue
+            if not final and not item.ready():
+                now = time.monotonic()
+                self._head_since = self._head_since or now
+                if now - self._head_since < MAX_WAIT_S:
+                    # Keep order: this item and all after it wait for the next cycle.
+                    with self._lock:
+                        self._items.extendleft(reversed(items[index:]))
+                    break
+            self._head_since = None
+            try:
+                records.append(item.build())
+            except Exception as exc:  # one bad value must not cost the rest
+                self._degrade(exc)
+        self._append(records)
+
+    def _append(self, records: list[Record]) -> None:
+        if records:
+            self.store.append(b"".join(encode(r) for r in records))
+
+    def _counters(self) -> tuple[Any, ...]:
+        server = self.server.counters if self.server is not None else None
+        return (
+            self.status,
+            self.dropped_records,
+            server.dropped_viewers if server else 0,
+            server.refused_peers if server else 0,
+            server.viewers if server else 0,
+        )
+
+    def counters_record(self) -> Record:
+        status, dropped, dropped_viewers, refused, viewers = self._counters()
+        return {
+            "kind": "publisher",
+            "t": time.time(),
+            "status": status,
+            "dropped_records": dropped,
+            "dropped_viewers": dropped_viewers,
+            "refused_peers": refused,
+            "viewers": viewers,
+            "error": self.error,
+        }
+
+    def _write_counters(self, force: bool) -> None:
+        current = self._counters()
+        if force or current != self._last_counters:
+            self._last_counters = current
+            self._append([self.counters_record()])
+
+    def _write_end(self) -> None:
+        self._write_counters(force=False)
+        if self._end is not None:
+            counters = self.counters_record()
+            del counters["kind"], counters["t"]
+            self._append([{**self._end, **counters}])
+
+    def _guard(self, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            self._degrade(exc)
+
+    def _degrade(self, exc: BaseException) -> None:
+        first = self.status != "degraded"
+        self.status = "degraded"
+        self.error = f"{type(exc).__name__}: {exc}"[:500]
+        if first:
+            print(f"tuiwatch: publisher degraded ({self.error}); training continues", file=sys.stderr)
+        if isinstance(exc, OSError) and not isinstance(self.store, MemoryTail) and _is_store_error(exc):
+            # The ledger file cannot take writes (disk full, I/O error): keep
+            # serving viewers from memory rather than lose the live stream.
+            self.store.close()
+            self.store = MemoryTail(start=self.store.end)
+            if self.server is not None:
+                self.server.store = self.store
+
+
+def _is_store_error(exc: OSError) -> bool:
+    import errno
+
+    return exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EBADF)
+
+

@@ -1,0 +1,267 @@
+"""The run's Unix socket: many viewers, each a cursor into the ledger bytes.
+
+Runs on the pipeline thread only; every socket is non-blocking, so a viewer
+that stalls, floods or vanishes costs the run nothing but a closed
+connection. Protocol: :mod:`tuiwatch.ledger.wire`.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuiwatch.ledger.codec import encode
+from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.wire import Command, LineSplitter, ProtocolError, action_record, parse_command, peer_uid
+from tuiwatch.ledger.writer import LedgerStore
+
+CHUNK_BYTES = 256 * 1024
+MAX_VIEWERS = 64
+MAX_PENDING_REPLIES = 32
+
+
+@dataclass
+class ServerCounters:
+    viewers: int = 0
+    dropped_viewers: int = 0
+    refused_peers: int = 0
+
+
+@dataclass
+class _Viewer:
+    sock: socket.socket
+    cursor: int
+    last_progress: float
+    splitter: LineSplitter = field(default_factory=LineSplitter)
+    outbuf: bytearray = field(default_factory=bytearray)
+    replies: list[bytes] = field(default_factory=list)
+    caught_up: bool = False
+
+
+def bind_private_socket(path: Path) -> socket.socket:
+    """Listen at ``path`` with mode 0600 from the moment the name exists.
+
+    The socket is bound under a temporary name, narrowed to 0600, then renamed
+    into place, so the final name is never reachable with a wider mode.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        sock.bind(str(tmp))
+        os.chmod(tmp, 0o600)
+        os.rename(tmp, path)
+        sock.listen(64)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return sock
+
+
+class Server:
+    def __init__(
+        self,
+        path: Path,
+        store: LedgerStore,
+        run_line: bytes,
+        on_command: Callable[[Command], Record | None],
+        selector: selectors.BaseSelector,
+        stall_s: float = 5.0,
+        lag_bytes: int = 16 << 20,
+    ):
+        self.path = path
+        self.store = store
+        self.run_line = run_line
+        self.on_command = on_command
+        self.stall_s = stall_s
+        self.lag_bytes = lag_bytes
+        self.counters = ServerCounters()
+        self._uid = os.getuid()
+        self._listener = bind_private_socket(path)
+        self._viewers: dict[int, _Viewer] = {}
+        self.selector = selector
+        self.selector.register(self._listener, selectors.EVENT_READ, self._accept)
+
+    # --- events -----------------------------------------------------------------
+
+    def owns(self, key: selectors.SelectorKey) -> bool:
+        return key.fd in self._viewers or key.data == self._accept
+
+    def handle(self, key: selectors.SelectorKey, mask: int) -> None:
+        if key.data == self._accept:
+            self._accept()
+            return
+        viewer = self._viewers.get(key.fd)
+        if viewer is None:
+            return
+        if mask & selectors.EVENT_READ:
+            self._read(viewer)
+        if mask & selectors.EVENT_WRITE and key.fd in self._viewers:
+            self._send(viewer)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # EMFILE and friends: refuse this one, keep serving
+                self.counters.refused_peers += 1
+                return
+            try:
+                uid_ok = peer_uid(sock) == self._uid
+            except OSError:
+                uid_ok = False
+            if not uid_ok or len(self._viewers) >= MAX_VIEWERS:
+                # Closed before a single byte is written to it.
+                sock.close()
+                self.counters.refused_peers += 1
+                continue
+            sock.setblocking(False)
+            viewer = _Viewer(sock=sock, cursor=self.store.start, last_progress=time.monotonic())
+            if self.store.start > 0:  # an in-memory tail lost its head: the run record goes first
+                viewer.outbuf += self.run_line
+            self._viewers[sock.fileno()] = viewer
+            self.selector.register(sock, selectors.EVENT_READ)
+            self.counters.viewers = len(self._viewers)
+            self._send(viewer)
+
+    def _read(self, viewer: _Viewer) -> None:
+        try:
+            data = viewer.sock.recv(64 * 1024)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(viewer, counted=False)
+            return
+        try:
+            lines = viewer.splitter.feed(data)
+        except ProtocolError as exc:
+            reply = action_record(None, cmd_id=None, ok=False, step=None, error=f"{exc}; closing connection")
+            try:
+                viewer.sock.send(encode(reply))
+            except OSError:
+                pass
+            self._drop(viewer, counted=False)
+            return
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                command = parse_command(line)
+            except ProtocolError as exc:
+                reply: Record | None = action_record(None, cmd_id=None, ok=False, step=None, error=str(exc))
+            else:
+                reply = self.on_command(command)
+            if reply is not None:
+                viewer.replies.append(encode(reply))
+        if len(viewer.replies) > MAX_PENDING_REPLIES:
+            self._drop(viewer, counted=False)
+            return
+        self._send(viewer)
+
+    # --- sending ------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Move new ledger bytes towards every viewer; drop the stalled and the far behind."""
+        now = time.monotonic()
+        for viewer in list(self._viewers.values()):
+            self._send(viewer)
+            if viewer.sock.fileno() not in self._viewers:
+                continue
+            pending = bool(viewer.outbuf) or viewer.cursor < self.store.end
+            behind = self.store.end - viewer.cursor
+            if (
+                (pending and now - viewer.last_progress > self.stall_s)
+                or (viewer.caught_up and behind > self.lag_bytes)
+                or viewer.cursor < self.store.start
+            ):
+                self._drop(viewer, counted=True)
+
+    def _fill(self, viewer: _Viewer) -> None:
+        # Replies are only inserted between whole ledger lines, never inside one.
+        if viewer.replies:
+            for reply in viewer.replies:
+                viewer.outbuf += reply
+            viewer.replies.clear()
+        if viewer.cursor < self.store.end:
+            chunk = self.store.read(viewer.cursor, CHUNK_BYTES)
+            cut = chunk.rfind(b"\n") + 1
+            if cut == 0 and len(chunk) < CHUNK_BYTES:
+                return
+            chunk = chunk[: cut or len(chunk)]
+            viewer.outbuf += chunk
+            viewer.cursor += len(chunk)
+
+    def _send(self, viewer: _Viewer) -> None:
+        while True:
+            if not viewer.outbuf:
+                self._fill(viewer)
+                if not viewer.outbuf:
+                    viewer.caught_up = True
+                    viewer.last_progress = time.monotonic()
+                    self._watch_writes(viewer, False)
+                    return
+            try:
+                n = viewer.sock.send(viewer.outbuf)
+            except (BlockingIOError, InterruptedError):
+                self._watch_writes(viewer, True)
+                return
+            except OSError:
+                self._drop(viewer, counted=False)
+                return
+            del viewer.outbuf[:n]
+            viewer.last_progress = time.monotonic()
+
+    def _watch_writes(self, viewer: _Viewer, on: bool) -> None:
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0)
+        try:
+            if self.selector.get_key(viewer.sock).events != events:
+                self.selector.modify(viewer.sock, events)
+        except (KeyError, ValueError):
+            pass
+
+    def _drop(self, viewer: _Viewer, *, counted: bool) -> None:
+        fd = viewer.sock.fileno()
+        if self._viewers.pop(fd, None) is None:
+            return
+        try:
+            self.selector.unregister(viewer.sock)
+        except (KeyError, ValueError):
+            pass
+        viewer.sock.close()
+        self.counters.viewers = len(self._viewers)
+        if counted:
+            self.counters.dropped_viewers += 1
+
+    def close(self, grace_s: float = 0.2) -> None:
+        """Send what is left for up to ``grace_s``, then close everything and remove the socket."""
+        deadline = time.monotonic() + grace_s
+        while self._viewers and time.monotonic() < deadline:
+            self.pump()
+            if all(not v.outbuf and v.cursor >= self.store.end for v in self._viewers.values()):
+                break
+            self.selector.select(0.01)
+        for viewer in list(self._viewers.values()):
+            self._drop(viewer, counted=False)
+        self.selector.unregister(self._listener)
+        self._listener.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,124 @@
+"""What the training thread collects during one step, turned into a record later.
+
+The training thread sets a few attributes on a fresh :class:`StepState`;
+everything that costs (resolving device values, finiteness, rates, the dict
+itself) happens in :meth:`build` on the pipeline thread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from tuiwatch.ledger.records import Record
+from tuiwatch.publisher.deferred import is_ready, resolve
+from tuiwatch.publisher.measure import BatchInfo
+
+
+def _is_finite(value: Any) -> bool | None:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return all(math.isfinite(v) for v in value)
+    return math.isfinite(value)
+
+
+class StepState:
+    # Class-level defaults: a step only pays for the attributes it sets.
+    epoch = 0
+    batch: BatchInfo | None = None
+    batch_ids: list[int] | None = None
+    data_wait_s: float | None = None
+    compute_s: float | None = None
+    grad_norm: Any = None
+    clip_max_norm: float | None = None
+    param_norm: Any = None
+    update_norm: Any = None
+    lr: list[Any] | None = None
+    opt_step: int | None = None
+    opt_skipped = False
+    forward_probe: Any = None
+    training: bool | None = None
+    mem: tuple[int, int, int] | None = None
+    t_end = 0.0
+
+    def __init__(self, step: int, started: float):
+        self.step = step
+        self.started = started
+        self.metrics: dict[str, Any] = {}
+
+    def deferred(self) -> list[Any]:
+        values = [self.grad_norm, self.param_norm, self.update_norm, self.forward_probe, *self.metrics.values()]
+        if self.batch is not None:
+            values += [self.batch.finite_probe, self.batch.tokens]
+        if self.lr:
+            values += self.lr
+        return values
+
+    def ready(self) -> bool:
+        return all(is_ready(v) for v in self.deferred())
+
+    def build(self) -> Record:
+        record: Record = {"kind": "step", "t": self.t_end or time.time(), "step": self.step, "epoch": self.epoch}
+        for name, value in self.metrics.items():
+            record[name] = resolve(value)
+        grad_norm = resolve(self.grad_norm)
+        batch = self.batch
+        batch_size = batch.size if batch is not None else None
+        total_s = (self.data_wait_s or 0.0) + (self.compute_s or 0.0)
+        mem = self.mem
+        forward_probe = resolve(self.forward_probe)
+        batch_probe = resolve(batch.finite_probe) if batch is not None else None
+        param_norm = resolve(self.param_norm)
+        record.update(
+            lr=resolve(self.lr),
+            grad_norm=grad_norm,
+            grad_norm_clipped=(
+                None
+                if self.clip_max_norm is None or grad_norm is None
+                else bool(grad_norm > self.clip_max_norm or not math.isfinite(grad_norm))
+            ),
+            param_norm=param_norm,
+            update_norm=resolve(self.update_norm),
+            opt_step=self.opt_step,
+            batch_ids=self.batch_ids,
+            batch_shape=batch.shape if batch is not None else None,
+            tokens=resolve(batch.tokens) if batch is not None else None,
+            data_wait_s=self.data_wait_s,
+            compute_s=self.compute_s,
+            examples_per_s=batch_size / total_s if batch_size and total_s > 0 else None,
+            mem_allocated=mem[0] if mem else None,
+            mem_reserved=mem[1] if mem else None,
+            mem_peak=mem[2] if mem else None,
+            finite={
+                "batch": True if batch is not None and batch_probe is None else _is_finite(batch_probe),
+                "forward": _is_finite(forward_probe),
+                "loss": _is_finite(record.get("loss")),
+                "grad": _is_finite(grad_norm),
+                "param": _is_finite(param_norm),
+            },
+            training=self.training,
+        )
+        if self.opt_skipped:
+            record["opt_skipped"] = True
+        return record
+
+
+class EvalState:
+    def __init__(self, step: int, epoch: int):
+        self.step = step
+        self.epoch = epoch
+        self.metrics: dict[str, Any] = {}
+        self.training: bool | None = None
+        self.t_end = 0.0
+
+    def ready(self) -> bool:
+        return all(is_ready(v) for v in self.metrics.values())
+
+    def build(self) -> Record:
+        record: Record = {"kind": "eval", "t": self.t_end or time.time(), "step": self.step, "epoch": self.epoch}
+        for name, value in self.metrics.items():
+            record[name] = resolve(value)
+        record["training"] = self.training
+        return record

@@ -1,0 +1,55 @@
+"""About once a second: this process's CPU, memory, loader workers, and the GPUs."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+from tuiwatch.ledger.records import Record
+from tuiwatch.publisher import nvml
+
+
+class SystemSampler:
+    def __init__(self, interval_s: float = 1.0):
+        self.interval_s = interval_s
+        self._proc = psutil.Process()
+        self._proc.cpu_percent(None)  # the first reading only starts the interval
+        self._children: dict[int, psutil.Process] = {}
+        self._next = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self._next
+
+    def sample(self, now: float) -> Record:
+        self._next = now + self.interval_s
+        record: Record = {"kind": "system", "t": time.time()}
+        with self._proc.oneshot():
+            record["cpu_percent"] = self._proc.cpu_percent(None)
+            record["rss"] = self._proc.memory_info().rss
+        record["workers"], record["workers_cpu_percent"] = self._workers()
+        gpus, error = nvml.sample_gpus()
+        record["gpus"] = gpus
+        if error is not None:
+            record["gpu_error"] = error
+        return record
+
+    def _workers(self) -> tuple[int, list[float]]:
+        try:
+            children = self._proc.children(recursive=False)
+        except psutil.Error:
+            return 0, []
+        alive: dict[int, psutil.Process] = {}
+        cpu: list[float] = []
+        for child in children:
+            # Reuse Process objects so that cpu_percent measures since the last sample.
+            proc = self._children.get(child.pid, child)
+            try:
+                cpu.append(proc.cpu_percent(None))
+            except psutil.Error:
+                continue
+            alive[child.pid] = proc
+        self._children = alive
+        return len(alive), cpu
+
+

@@ -1,0 +1,510 @@
+"""``Watch``: the three lines a training loop adds (SPEC §2)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import torch
+
+from tuiwatch._version import __version__
+from tuiwatch.errors import NonFiniteError, TuiwatchError
+from tuiwatch.ledger.codec import encode
+from tuiwatch.ledger.reader import LEDGER_NAME
+from tuiwatch.ledger.records import RESERVED_METRIC_NAMES, SCHEMA, Record
+from tuiwatch.ledger.socketdir import ensure_socket_dir, remove_stale_sockets, safe_name, socket_path
+from tuiwatch.ledger.wire import Command, action_record
+from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
+from tuiwatch.publisher.deferred import defer
+from tuiwatch.publisher.loader import iter_with_ids
+from tuiwatch.publisher.measure import BatchInfo, finiteness_probe, first_tensor, total_norm
+from tuiwatch.publisher.pipeline import Pipeline
+from tuiwatch.publisher.steps import EvalState, StepState
+
+T = TypeVar("T")
+ON_NONFINITE = ("stop", "skip", "warn")
+
+_live: weakref.WeakSet[Watch] = weakref.WeakSet()
+_process_hooks_installed = False
+_uncaught: list[type[BaseException]] = []
+
+
+def _default_name() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "python"
+    return Path(argv0).stem or "python"
+
+
+def _new_run_dir(root: Path, name: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = root / f"{safe_name(name)}-{stamp}"
+    candidate, n = base, 1
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
+
+
+def _rank_and_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _default_update_norm_every(param_count: int) -> int:
+    # The update norm needs a copy of the parameters: free on small models,
+    # a memory copy per step on large ones, so large ones sample it.
+    if param_count <= 100_000:
+        return 1
+    return 10 if param_count <= 10_000_000 else 100
+
+
+class Watch:
+    """Publishes one ledger record per training step; see SPEC §2 for the loop it expects.
+
+    ``Watch(...)`` returns at once: a background thread owns the ledger file,
+    the socket and the system sampler, and nothing on the training thread
+    waits for a viewer, the disk or the device.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        name: str | None = None,
+        scheduler: Any = None,
+        scaler: Any = None,
+        run_dir: str | Path | None = "runs",
+        every: int = 1,
+        on_nonfinite: str = "stop",
+        seed: int | None = None,
+        system: bool = True,
+        update_norm_every: int | None = None,
+        queue_size: int = 10_000,
+        viewer_stall_s: float = 5.0,
+    ):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"tuiwatch.Watch needs a torch.nn.Module as model, got {type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"tuiwatch.Watch needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
+        if not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.name = name or _default_name()
+        self.every = every
+        self.on_nonfinite = on_nonfinite
+        self.seed = seed
+        self.should_stop = False
+        self._inert = False
+        self._closed = False
+        self._step = 0
+        self._epoch = -1
+        self._opt_steps = 0
+        self._cur: StepState | None = None
+        self._eval: EvalState | None = None
+        self._last_boundary = time.perf_counter()
+        self._before_update: list[torch.Tensor] | None = None
+        self._param_cache: tuple[int, list[torch.Tensor]] = (-1, [])
+        self._hooks: list[Any] = []
+
+        first = next(iter(model.parameters()), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self._cuda = self.device.type == "cuda"
+        param_count = sum(p.numel() for p in self._params())
+        self.update_norm_every = update_norm_every or _default_update_norm_every(param_count)
+
+        self.run_dir: Path | None = None
+        store: LedgerStore
+        if run_dir is not None:
+            self.run_dir = _new_run_dir(Path(run_dir), self.name)
+            store = FileLedger(self.run_dir / LEDGER_NAME)
+        else:
+            store = MemoryTail()
+        self.ledger_path = store.path if isinstance(store, FileLedger) else None
+        self._pipeline = Pipeline(store, capacity=queue_size, system_interval_s=1.0 if system else None)
+
+        self.socket_path: Path | None = None
+        socket_error = None
+        try:
+            directory = ensure_socket_dir()
+            remove_stale_sockets(directory)
+            wanted = socket_path(directory, self.name, os.getpid())
+            self._pipeline.start_server(wanted, b"", self._on_command, stall_s=viewer_stall_s)
+            self.socket_path = wanted
+        except (TuiwatchError, OSError) as exc:
+            socket_error = str(exc) if isinstance(exc, TuiwatchError) else f"cannot listen: {exc}"
+            print(f"tuiwatch: no live socket for this run ({socket_error}); the ledger is still written", file=sys.stderr)
+
+        self.run_record = self._make_run_record(param_count, socket_error)
+        run_line = encode(self.run_record)
+        store.append(run_line)
+        if self._pipeline.server is not None:
+            self._pipeline.server.run_line = run_line
+
+        if optimizer is not None:
+            self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+            self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+        self._hooks.append(model.register_forward_hook(self._after_forward))
+        self._pipeline.start()
+        _live.add(self)
+        _install_process_hooks()
+
+    # --- the loop -------------------------------------------------------------------
+
+    def batches(self, loader: Iterable[T]) -> Iterator[T]:
+        """Iterate over ``loader``, one step per batch: times the wait, records ids and shapes."""
+        self._epoch += 1
+        epoch = self._epoch
+        it, recorder = iter_with_ids(loader)
+        clock = time.perf_counter
+        try:
+            while True:
+                t0 = clock()
+                self._end_step(t0)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                t1 = clock()
+                ids = recorder.pop() if recorder is not None else None
+                if self._inert or self._closed:
+                    yield batch
+                    continue
+                s = self._open_step(t1)
+                s.epoch = epoch
+                s.data_wait_s = t1 - t0
+                s.batch_ids = ids
+                if s.step % self.every == 0:
+                    s.batch = BatchInfo(batch)
+                yield batch
+        finally:
+            self._end_step(clock())
+
+    def step(self) -> None:
+        """Mark a step boundary in a loop that does not draw from :meth:`batches`."""
+        now = time.perf_counter()
+        self._end_step(now)
+        if not (self._inert or self._closed):
+            self._open_step(now).epoch = max(self._epoch, 0)
+
+    def log(self, **metrics: Any) -> None:
+        """Record scalars for this step (or this validation); tensors stay on their device."""
+        if self._inert or self._closed:
+            return
+        if self._eval is not None:
+            target = self._eval.metrics
+            self._eval.training = bool(self._eval.training) or self.model.training
+        else:
+            target = (self._cur or self._open_step(self._last_boundary)).metrics
+        for key, value in metrics.items():
+            if key in RESERVED_METRIC_NAMES:
+                raise ValueError(f"tuiwatch: '{key}' is a field tuiwatch records itself; log it under another name")
+            if isinstance(value, torch.Tensor):
+                if value.numel() != 1:
+                    raise ValueError(f"tuiwatch: log({key}=...) needs a scalar, got a tensor of shape {list(value.shape)}")
+                target[key] = defer(value)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                target[key] = value
+            else:
+                raise TypeError(f"tuiwatch: log({key}=...) needs a number or a scalar tensor, got {type(value).__name__}")
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, **kwargs: Any) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters; records the pre-clip norm."""
+        params = self._params()
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type, **kwargs)
+        if not (self._inert or self._closed):
+            s = self._cur or self._open_step(self._last_boundary)
+            s.grad_norm = norm
+            s.clip_max_norm = float(max_norm)
+        return norm
+
+    @contextmanager
+    def validation(self) -> Iterator[Watch]:
+        """Logs inside this block form one ``eval`` record at the current step."""
+        state = EvalState(step=max(self._step - 1, 0), epoch=max(self._epoch, 0))
+        self._eval = state
+        try:
+            yield self
+        finally:
+            self._eval = None
+            if state.training is None:
+                state.training = self.model.training
+            state.t_end = time.time()
+            if state.metrics and not (self._inert or self._closed):
+                self._pipeline.put(state)
+
+    # --- step bookkeeping ------------------------------------------------------------
+
+    def _open_step(self, start: float) -> StepState:
+        s = StepState(self._step, start)
+        self._step += 1
+        self._cur = s
+        self._last_boundary = start
+        return s
+
+    def _end_step(self, now: float) -> None:
+        s = self._cur
+        if s is None:
+            return
+        self._cur = None
+        self._last_boundary = now
+        if s.step % self.every:
+            return
+        if s.batch is None and not s.metrics and s.grad_norm is None and s.opt_step is None:
+            return  # an empty step (a boundary with nothing in it) is not a step
+        s.compute_s = now - s.started
+        s.training = self.model.training
+        s.t_end = time.time()
+        if self._cuda:
+            index = self.device.index
+            s.mem = (
+                torch.cuda.memory_allocated(index),
+                torch.cuda.memory_reserved(index),
+                torch.cuda.max_memory_allocated(index),
+            )
+            torch.cuda.reset_peak_memory_stats(index)
+        s.grad_norm = _defer_opt(s.grad_norm)
+        s.param_norm = _defer_opt(s.param_norm)
+        s.update_norm = _defer_opt(s.update_norm)
+        self._pipeline.put(s)
+
+    # --- hooks ----------------------------------------------------------------------
+
+    def _params(self) -> list[torch.Tensor]:
+        if self.optimizer is None:
+            return [p for p in self.model.parameters() if p.requires_grad]
+        groups = self.optimizer.param_groups
+        key = sum(len(g["params"]) for g in groups)
+        if self._param_cache[0] != key:
+            self._param_cache = (key, [p for g in groups for p in g["params"]])
+        return self._param_cache[1]
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._inert or self._closed:
+            return
+        s = self._cur or self._open_step(self._last_boundary)
+        params = self._params()
+        measured = s.step % self.every == 0
+        if s.grad_norm is None and (measured or self.on_nonfinite != "warn"):
+            s.grad_norm = total_norm([p.grad for p in params if p.grad is not None])
+        if self.on_nonfinite != "warn" and s.grad_norm is not None and not bool(torch.isfinite(s.grad_norm)):
+            self._stop_or_skip_nonfinite(s, params)
+        if measured and self._opt_steps % self.update_norm_every == 0 and not s.opt_skipped:
+            with torch.no_grad():
+                self._before_update = torch._foreach_mul(params, 1.0)
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._inert or self._closed or self._cur is None:
+            return
+        s = self._cur
+        s.lr = [defer(g["lr"]) if isinstance(g["lr"], torch.Tensor) else g["lr"] for g in optimizer.param_groups]
+        if s.opt_skipped:
+            return
+        self._opt_steps += 1
+        s.opt_step = self._opt_steps
+        if s.step % self.every:
+            return
+        params = self._params()
+        s.param_norm = total_norm(params)
+        before = self._before_update
+        if before is not None:
+            self._before_update = None
+            with torch.no_grad():
+                s.update_norm = total_norm(torch._foreach_sub(params, before))
+
+    def _after_forward(self, module: Any, args: Any, output: Any) -> None:
+        s = self._cur
+        if s is None or self._eval is not None or s.forward_probe is not None or s.step % self.every:
+            return
+        out = first_tensor(output)
+        if out is not None and out.is_floating_point():
+            s.forward_probe = defer(finiteness_probe(out))
+
+    def _stop_or_skip_nonfinite(self, s: StepState, params: list[torch.Tensor]) -> None:
+        boundary = _first_failing_boundary(s)
+        if self.on_nonfinite == "skip":
+            # Optimizers leave parameters without a grad untouched, state included.
+            for p in params:
+                p.grad = None
+            s.opt_skipped = True
+            return
+        s.opt_skipped = True
+        step = s.step
+        loss = s.metrics.get("loss")
+        loss_text = "loss n/a" if loss is None else f"loss {_scalar(loss):.4g}"
+        norm = _scalar(s.grad_norm)
+        self.close("nonfinite")
+        raise NonFiniteError(
+            f"nonfinite: first at step {step}, boundary={boundary} ({loss_text}, grad norm {norm}); "
+            "the optimizer step was not taken",
+            step=step,
+            boundary=boundary,
+        )
+
+    # --- commands (executed in a later version; answered clearly now) ---------------
+
+    def _on_command(self, command: Command) -> Record | None:
+        return action_record(
+            command.cmd,
+            cmd_id=command.id,
+            ok=False,
+            step=self._step - 1 if self._step else None,
+            error=f"'{command.cmd}' is not available in tuiwatch {__version__} yet",
+        )
+
+    # --- run record and closing ------------------------------------------------------
+
+    def _make_run_record(self, param_count: int, socket_error: str | None) -> Record:
+        rank, world = _rank_and_world()
+        return {
+            "kind": "run",
+            "t": time.time(),
+            "schema": SCHEMA,
+            "name": self.name,
+            "run_id": os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12],
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "rank": rank,
+            "world_size": world,
+            "argv": list(sys.argv),
+            "seed": self.seed,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "device": str(self.device),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "tuiwatch": __version__,
+            "run_dir": None if self.run_dir is None else str(self.run_dir),
+            "socket": None if self.socket_path is None else str(self.socket_path),
+            "socket_error": socket_error,
+            "model": type(self.model).__name__,
+            "optimizer": None if self.optimizer is None else type(self.optimizer).__name__,
+            "params": param_count,
+            "every": self.every,
+            "update_norm_every": self.update_norm_every,
+            "on_nonfinite": self.on_nonfinite,
+        }
+
+    @property
+    def status(self) -> str:
+        """``live``, ``degraded`` (the publisher hit an error; training is unaffected) or ``closed``."""
+        if self._closed:
+            return "closed"
+        return "degraded" if self._pipeline.status == "degraded" else "live"
+
+    @property
+    def steps(self) -> int:
+        return self._step
+
+    def close(self, reason: str = "finished") -> None:
+        """Write the ``end`` record and flush; returns within about 2 s even with a hung disk."""
+        if self._closed or self._inert:
+            return
+        self._end_step(time.perf_counter())
+        self._closed = True
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        self._pipeline.close(
+            {"kind": "end", "t": time.time(), "reason": reason, "steps": self._step, "opt_steps": self._opt_steps}
+        )
+        _live.discard(self)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close(_end_reason(exc_type))
+
+    def _forked_child(self) -> None:
+        self._inert = True
+        self._pipeline.abandon_after_fork()
+
+
+def _defer_opt(value: Any) -> Any:
+    return defer(value) if isinstance(value, torch.Tensor) else value
+
+
+def _scalar(value: Any) -> float:
+    from tuiwatch.publisher.deferred import resolve
+
+    return float(resolve(defer(value) if isinstance(value, torch.Tensor) else value))
+
+
+def _first_failing_boundary(s: StepState) -> str:
+    """Walk the chain data → model → loss → gradients; off the hot path (it syncs)."""
+    import math
+
+    checks: list[tuple[str, Any]] = [
+        ("batch", s.batch.finite_probe if s.batch is not None else None),
+        ("forward", s.forward_probe),
+        ("loss", s.metrics.get("loss")),
+    ]
+    for boundary, value in checks:
+        if value is not None and not math.isfinite(_scalar(value)):
+            return boundary
+    return "grad"
+
+
+def _end_reason(exc_type: type[BaseException] | None) -> str:
+    if exc_type is None:
+        return "finished"
+    if issubclass(exc_type, NonFiniteError):
+        return "nonfinite"
+    if issubclass(exc_type, KeyboardInterrupt):
+        return "stopped"
+    from tuiwatch.errors import StopRequested
+
+    return "stopped" if issubclass(exc_type, StopRequested) else "exception"
+
+
+def _close_all_at_exit() -> None:
+    reason = _end_reason(_uncaught[-1] if _uncaught else None)
+    for watch in list(_live):
+        watch.close(reason)
+
+
+def _after_fork_in_child() -> None:
+    for watch in list(_live):
+        watch._forked_child()
+
+
+def _install_process_hooks() -> None:
+    global _process_hooks_installed
+    if _process_hooks_installed:
+        return
+    _process_hooks_installed = True
+    atexit.register(_close_all_at_exit)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    previous: Callable[..., Any] = sys.excepthook
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        _uncaught.append(exc_type)
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
