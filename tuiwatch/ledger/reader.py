@@ -57,3 +57,24 @@ def read_ledger(path: str | Path) -> LedgerReader:
     says how many lines could not be read (a torn last line after a crash).
     """
     return LedgerReader(path)
+
+
+def tail_records(path: str | Path, max_bytes: int = 256 * 1024) -> list[Record]:
+    """The complete records in the last ``max_bytes`` of a ledger, oldest first."""
+    p = ledger_path(path)
+    with open(p, "rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - max_bytes))
+        data = f.read()
+    lines = data.split(b"\n")
+    if size > max_bytes:
+        lines = lines[1:]  # the first line is probably cut
+    records = []
+    for line in lines:
+        if line.strip():
+            try:
+                records.append(decode(line))
+            except DecodeError:
+                continue
+    return records

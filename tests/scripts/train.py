@@ -1,0 +1,98 @@
+"""A plain training script with tuiwatch's three lines, driven by the tests.
+
+It writes what it computed itself (loss, lr, pre-clip grad norm, sample ids)
+to ``--truth`` so that tests can compare the ledger with the loop's own view.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import tuiwatch
+
+
+class SlowDataset(Dataset[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    def __init__(self, n: int, item_sleep_s: float):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 2, generator=g)
+        self.y = (self.x[:, 0] > self.x[:, 1]).long()
+        self.item_sleep_s = item_sleep_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.item_sleep_s:
+            time.sleep(self.item_sleep_s)  # a slow loader of known cost
+        return self.x[i], self.y[i], torch.tensor(i)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--name", default="train")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--item-sleep", type=float, default=0.0)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--truth", default=None)
+    p.add_argument("--no-close", action="store_true", help="leave closing to interpreter exit")
+    p.add_argument("--stall-s", type=float, default=5.0)
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+    loader = DataLoader(
+        SlowDataset(args.samples, args.item_sleep),
+        batch_size=args.batch,
+        shuffle=True,
+        num_workers=args.workers,
+        generator=torch.Generator().manual_seed(1),
+    )
+    watch = tuiwatch.Watch(model, opt, name=args.name, scheduler=sched, run_dir=args.run_dir, viewer_stall_s=args.stall_s)
+    truth = open(args.truth, "w") if args.truth else None
+    step = 0
+    while step < args.steps:
+        for x, y, ids in watch.batches(loader):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            grads = [q.grad for q in model.parameters() if q.grad is not None]
+            pre_clip = float(torch.nn.utils.get_total_norm(grads))
+            if args.clip is not None:
+                watch.clip_grad_norm_(args.clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if truth:
+                lr = [g["lr"] for g in opt.param_groups]
+                row = {"step": step, "loss": loss.item(), "lr": lr, "grad_norm": pre_clip, "ids": ids.tolist()}
+                truth.write(json.dumps(row) + "\n")
+            sched.step()
+            step += 1
+            if args.step_sleep:
+                time.sleep(args.step_sleep)  # paces the run so a test can act mid-run
+            if step >= args.steps:
+                break
+        with watch.validation(), torch.no_grad():
+            model.eval()
+            watch.log(val_loss=nn.functional.cross_entropy(model(loader.dataset.x), loader.dataset.y))  # type: ignore[attr-defined]
+        model.train()
+    if truth:
+        truth.close()
+    if not args.no_close:
+        watch.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuiwatch.ledger.codec import decode, encode
+from tuiwatch.ledger.reader import read_ledger, tail_records
+from tuiwatch.ledger.writer import FileLedger, MemoryTail
+
+json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=20)
+json_values = st.recursive(
+    json_scalars | st.floats(allow_nan=False, allow_infinity=False),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.text(max_size=12), json_values, max_size=8), st.sampled_from(["run", "system", "x-new"]))
+def test_any_record_survives_a_round_trip(fields, kind):
+    record = {**fields, "kind": kind}
+    line = encode(record)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert decode(line) == record
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_step_metrics_keep_nan_and_inf_through_a_round_trip(value):
+    back = decode(encode({"kind": "step", "step": 1, "loss": value, "lr": [value]}))
+    if math.isnan(value):
+        assert math.isnan(back["loss"]) and math.isnan(back["lr"][0])
+    else:
+        assert back["loss"] == value and back["lr"] == [value]
+
+
+def test_nonfinite_floats_are_written_as_strings_jq_can_read():
+    line = encode({"kind": "step", "loss": math.inf, "grad_norm": math.nan})
+    assert orjson.loads(line) == {"kind": "step", "loss": "inf", "grad_norm": "nan"}
+
+
+def test_unknown_fields_and_kinds_are_kept(tmp_path: Path):
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(encode({"kind": "future", "t": 1.0, "extra": {"a": [1, 2]}}) + encode({"kind": "step", "new": 3}))
+    assert list(read_ledger(path)) == [{"kind": "future", "t": 1.0, "extra": {"a": [1, 2]}}, {"kind": "step", "new": 3}]
+
+
+def test_torn_last_line_is_skipped_and_counted(tmp_path: Path):
+    path = tmp_path / "ledger.jsonl"
+    good = [encode({"kind": "step", "step": i, "loss": 0.5}) for i in range(3)]
+    path.write_bytes(b"".join(good) + encode({"kind": "step", "step": 3, "loss": 0.25})[:17])
+    reader = read_ledger(path)
+    assert [r["step"] for r in reader] == [0, 1, 2]
+    assert reader.skipped == 1 and reader.torn_tail
+
+
+def test_reader_takes_a_run_directory_and_skips_garbage_lines(tmp_path: Path):
+    (tmp_path / "ledger.jsonl").write_bytes(encode({"kind": "run"}) + b"[1, 2]\n\xff\xfe\n" + encode({"kind": "end"}))
+    reader = read_ledger(tmp_path)
+    assert [r["kind"] for r in reader] == ["run", "end"]
+    assert reader.skipped == 2 and not reader.torn_tail
+
+
+def test_tail_records_returns_the_last_complete_records(tmp_path: Path):
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b"".join(encode({"kind": "step", "step": i}) for i in range(1000)))
+    tail = tail_records(path, max_bytes=300)
+    assert tail and tail[-1]["step"] == 999
+    assert [r["step"] for r in tail] == list(range(tail[0]["step"], 1000))
+
+
+def test_file_ledger_reads_back_by_offset(tmp_path: Path):
+    store = FileLedger(tmp_path / "ledger.jsonl")
+    store.append(b"abc\n")
+    store.append(b"defg\n")
+    assert store.end == 9
+    assert store.read(4, 100) == b"defg\n"
+    assert store.read(0, 3) == b"abc"
+    store.close()
+
+
+def test_memory_tail_keeps_offsets_and_forgets_the_oldest():
+    tail = MemoryTail(max_bytes=10)
+    for chunk in (b"aaaa\n", b"bbbb\n", b"cccc\n"):
+        tail.append(chunk)
+    assert (tail.start, tail.end) == (5, 15)
+    assert tail.read(0, 100) == b"bbbb\ncccc\n"  # what was forgotten is skipped, not invented
+    assert tail.read(12, 100) == b"cc\n"

@@ -1,0 +1,5 @@
+import sys
+
+from tuiwatch.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Built-in synthetic trainings that ``tuiwatch demo`` runs with a Watch attached (imports torch)."""

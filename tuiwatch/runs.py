@@ -1,0 +1,95 @@
+"""Live runs on this host, as ``tuiwatch ls`` and ``tuiwatch attach`` find them. Pure: no torch."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tuiwatch.ledger.codec import DecodeError, decode
+from tuiwatch.ledger.reader import tail_records
+from tuiwatch.ledger.socketdir import check_private_dir, remove_stale_sockets, socket_dir
+from tuiwatch.ledger.wire import LineSplitter, ProtocolError, connect
+
+
+@dataclass
+class LiveRun:
+    name: str
+    pid: int
+    socket: str
+    step: int | None
+    status: str
+    run_id: str | None
+    ledger: str | None
+
+
+def _first_record(path: Path, timeout: float) -> dict[str, Any] | None:
+    try:
+        sock = connect(path, timeout=timeout)
+    except OSError:
+        return None
+    splitter = LineSplitter()
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return None
+            lines = splitter.feed(data)
+            if lines:
+                return decode(lines[0])
+    except (OSError, ProtocolError, DecodeError, socket.timeout):
+        return None
+    finally:
+        sock.close()
+
+
+def _progress(ledger: str | None) -> tuple[int | None, str]:
+    if not ledger:
+        return None, "live"
+    try:
+        records = tail_records(ledger)
+    except Exception:
+        return None, "live"
+    step, status = None, "live"
+    for record in records:
+        kind = record.get("kind")
+        if kind == "step":
+            step = record.get("step")
+        elif kind == "publisher" and record.get("status") == "degraded":
+            status = "degraded"
+        elif kind == "end":
+            status = "stopped" if record.get("reason") == "stopped" else "finished"
+    return step, status
+
+
+def list_live_runs(directory: Path | None = None, timeout: float = 1.0) -> list[LiveRun]:
+    """Runs listening in the socket directory; stale sockets are removed on the way."""
+    directory = directory or socket_dir()
+    if not directory.exists():
+        return []
+    check_private_dir(directory)
+    runs = []
+    for entry in remove_stale_sockets(directory):
+        run = _first_record(entry.path, timeout)
+        if run is None or run.get("kind") != "run":
+            continue
+        ledger = run.get("run_dir")
+        ledger = str(Path(ledger) / "ledger.jsonl") if ledger else None
+        step, status = _progress(ledger)
+        runs.append(
+            LiveRun(
+                name=str(run.get("name", entry.name)),
+                pid=entry.pid,
+                socket=str(entry.path),
+                step=step,
+                status=status,
+                run_id=run.get("run_id"),
+                ledger=ledger,
+            )
+        )
+    return runs
+
+
+def as_dicts(runs: list[LiveRun]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in runs]
