@@ -1,0 +1,39 @@
+"""Forked loader workers and a killed run: one ledger, always readable."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.socketdir import list_sockets
+
+from .helpers import count_steps, finish, ledger_file, load_truth, records, start_training, wait_for_ledger, wait_until
+
+
+def test_dataloader_workers_do_not_inherit_a_live_publisher(run_root: Path, socket_dir: Path, tmp_path: Path):
+    truth = tmp_path / "truth.jsonl"
+    proc = start_training(run_root, socket_dir, "--steps", "24", "--workers", "2", truth=truth)
+    finish(proc, timeout=90)
+    ledger = ledger_file(run_root)  # exactly one run directory
+    all_records = records(ledger)
+    assert [r["kind"] for r in all_records].count("run") == 1
+    assert [r["kind"] for r in all_records].count("end") == 1
+    steps = [r for r in all_records if r["kind"] == "step"]
+    assert [s["step"] for s in steps] == list(range(24))
+    assert [s["batch_ids"] for s in steps] == [t["ids"] for t in load_truth(truth)]
+    assert {r["pid"] for r in all_records if "pid" in r} == {all_records[0]["pid"]}
+    assert list_sockets(socket_dir) == []
+
+
+def test_a_run_killed_mid_write_leaves_a_readable_ledger(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "100000", "--step-sleep", "0.0005", "--samples", "4096")
+    ledger = wait_for_ledger(run_root)
+    wait_until(lambda: count_steps(ledger) >= 200, what="200 steps")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    reader = read_ledger(ledger)
+    steps = [r["step"] for r in reader if r["kind"] == "step"]
+    assert reader.skipped <= 1
+    assert steps == list(range(len(steps))) and len(steps) >= 200

@@ -1,0 +1,179 @@
+"""The run's socket with real processes: history then live, privacy, and peers that misbehave."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tuiwatch.ledger.codec import decode, encode
+from tuiwatch.ledger.socketdir import list_sockets
+from tuiwatch.ledger.wire import MAX_LINE_BYTES, LineSplitter, connect, iter_records
+
+from .helpers import count_steps, finish, ledger_file, records, start_training, wait_for_ledger, wait_until
+
+
+def _socket_of(socket_dir: Path) -> Path:
+    return wait_until(lambda: next(iter(list_sockets(socket_dir)), None), what="the run's socket").path
+
+
+def test_a_viewer_joining_mid_run_gets_history_then_live_records_in_order(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "300", "--step-sleep", "0.005")
+    ledger = wait_for_ledger(run_root)
+    wait_until(lambda: count_steps(ledger) >= 50, what="50 steps")
+    sock = connect(_socket_of(socket_dir), timeout=30)
+    received = list(iter_records(sock))
+    sock.close()
+    finish(proc)
+    assert received[0]["kind"] == "run"
+    assert received[-1]["kind"] == "end"
+    steps = [r["step"] for r in received if r["kind"] == "step"]
+    assert steps == list(range(300))  # no gap, no duplicate, in order
+    assert received == records(ledger)  # exactly the ledger's records
+
+
+def test_socket_is_0600_in_a_0700_directory(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "200", "--step-sleep", "0.005")
+    path = _socket_of(socket_dir)
+    mode = os.stat(path).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+    assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700
+    assert not [p for p in socket_dir.iterdir() if p.name.endswith(".tmp")]
+    proc.kill()
+    proc.wait()
+
+
+@pytest.mark.parametrize("unsafe", ["world-writable", "symlink", "other-owner"])
+def test_an_unsafe_socket_directory_is_refused_and_the_run_goes_on(run_root: Path, tmp_path: Path, unsafe: str):
+    target = tmp_path / "d"
+    target.mkdir()
+    if unsafe == "world-writable":
+        target.chmod(0o777)
+        sock_dir = target
+    elif unsafe == "symlink":
+        target.chmod(0o700)
+        sock_dir = tmp_path / "link"
+        sock_dir.symlink_to(target)
+    else:
+        if os.getuid() != 0:
+            pytest.skip("making a directory of another owner needs root")
+        target.chmod(0o700)
+        os.chown(target, 65534, 65534)
+        sock_dir = target
+    _, err = finish(start_training(run_root, sock_dir, "--steps", "3"))
+    assert "tuiwatch: no live socket for this run" in err and str(sock_dir) in err
+    assert len(err.strip().splitlines()) == 1
+    assert not list(target.glob("*.sock"))
+    ledger = records(ledger_file(run_root))
+    assert ledger[0]["socket"] is None and ledger[0]["socket_error"]
+    assert count_steps(ledger_file(run_root)) == 3
+
+
+NOBODY = 65534
+PEER_SCRIPT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(10)
+try:
+    s.connect(sys.argv[1])
+except OSError as e:
+    print("connect-error", type(e).__name__); sys.exit(0)
+data = b""
+while True:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    data += chunk
+print("received", len(data))
+"""
+
+
+def _as_nobody(path: Path) -> str:
+    if os.getuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to act as another user")
+    out = subprocess.run(
+        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "/usr/bin/python3", "-c",
+         PEER_SCRIPT, str(path)],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_another_user_is_refused_before_receiving_a_byte(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "400", "--step-sleep", "0.005")
+    path = _socket_of(socket_dir)
+    # The directory alone keeps other users out ...
+    assert _as_nobody(path) == "connect-error PermissionError"
+    # ... and with it deliberately loosened, the peer's uid is checked on accept.
+    socket_dir.chmod(0o711)
+    path.chmod(0o666)
+    assert _as_nobody(path) == "received 0"
+    socket_dir.chmod(0o700)
+    finish(proc)
+    end = records(ledger_file(run_root))[-1]
+    assert end["kind"] == "end" and end["refused_peers"] == 1
+
+
+def _step_times(ledger: Path) -> list[float]:
+    return [s["data_wait_s"] + s["compute_s"] for s in records(ledger, "step")]
+
+
+def test_a_viewer_that_never_reads_does_not_slow_training_and_is_dropped(tmp_path: Path, socket_dir: Path):
+    args = ("--steps", "1500", "--step-sleep", "0.002", "--samples", "4096", "--stall-s", "0.5")
+    baseline = tmp_path / "a"
+    finish(start_training(baseline, socket_dir, *args))
+
+    stalled = tmp_path / "b"
+    proc = start_training(stalled, socket_dir, *args)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(str(_socket_of(socket_dir)))  # and never reads
+    finish(proc)
+    sock.close()
+
+    base_times, stalled_times = _step_times(ledger_file(baseline)), _step_times(ledger_file(stalled))
+    assert len(stalled_times) == 1500
+    # Blocking on the viewer would cost whole seconds; noise costs a fraction.
+    assert statistics.median(stalled_times) < 1.5 * statistics.median(base_times) + 0.001
+    assert max(stalled_times) < 0.5
+    end = records(ledger_file(stalled))[-1]
+    assert end["reason"] == "finished" and end["dropped_viewers"] == 1
+
+
+def _replies(sock: socket.socket, n: int) -> list[dict]:
+    splitter, out = LineSplitter(1 << 30), []
+    deadline = time.monotonic() + 20
+    while len(out) < n and time.monotonic() < deadline:
+        data = sock.recv(1 << 16)
+        if not data:
+            break
+        out += [r for r in map(decode, splitter.feed(data)) if r["kind"] == "action"]
+    return out
+
+
+def test_bad_command_lines_get_error_replies_and_the_run_finishes(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "300", "--step-sleep", "0.005")
+    sock = connect(_socket_of(socket_dir), timeout=20)
+    sock.sendall(b"not json\n" + encode({"cmd": "rm -rf", "id": 1}) + b"[1]\n" + encode({"cmd": "checkpoint", "id": 7}))
+    replies = _replies(sock, 4)
+    assert [r["ok"] for r in replies] == [False] * 4
+    assert "bad command line" in replies[0]["error"]
+    assert "unknown command 'rm -rf'" in replies[1]["error"]
+    assert "expected a JSON object" in replies[2]["error"]
+    assert replies[3]["id"] == 7 and replies[3]["action"] == "checkpoint" and "not available" in replies[3]["error"]
+
+    sock.sendall(b"x" * (MAX_LINE_BYTES + 10))
+    oversized = _replies(sock, 1)
+    assert oversized and "longer than" in oversized[0]["error"]
+    assert wait_until(lambda: sock.recv(1 << 16) == b"", what="the server to close the connection")
+    sock.close()
+    finish(proc)
+    assert records(ledger_file(run_root))[-1]["reason"] == "finished"
+    assert not [r for r in records(ledger_file(run_root)) if r["kind"] == "action"]  # garbage stays out of the ledger

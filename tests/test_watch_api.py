@@ -1,0 +1,231 @@
+"""The Watch API in-process with real torch on CPU: loops, optimizers, bad input, faults."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tuiwatch
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.writer import FileLedger
+from tuiwatch.publisher import steps as steps_module
+from tuiwatch.publisher.pipeline import Pipeline
+from tuiwatch.publisher.watch import Watch
+
+from .helpers import records
+
+
+def _mlp() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _data(n: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)]
+
+
+def _ledger(watch: Watch) -> list[dict]:
+    assert watch.ledger_path is not None
+    return records(watch.ledger_path)
+
+
+def test_bad_arguments_are_refused_with_one_line(run_root: Path, socket_dir: Path):
+    model, opt = _mlp()
+    with pytest.raises(ValueError, match="on_nonfinite must be one of stop, skip, warn"):
+        Watch(model, opt, on_nonfinite="ignore", run_dir=run_root)
+    with pytest.raises(TypeError, match="needs a torch.nn.Module"):
+        Watch("model", opt, run_dir=run_root)  # type: ignore[arg-type]
+    with Watch(model, opt, run_dir=run_root) as watch:
+        with pytest.raises(ValueError, match="'lr' is a field tuiwatch records itself"):
+            watch.log(lr=0.1)
+        with pytest.raises(ValueError, match=r"needs a scalar, got a tensor of shape \[2\]"):
+            watch.log(loss=torch.ones(2))
+        with pytest.raises(TypeError, match="needs a number or a scalar tensor, got str"):
+            watch.log(loss="low")
+
+
+def test_gradient_accumulation_puts_optimizer_fields_on_stepping_steps_only(run_root: Path, socket_dir: Path):
+    model, opt = _mlp()
+    with Watch(model, opt, run_dir=run_root) as watch:
+        for i, (x, y) in enumerate(watch.batches(_data(8))):
+            loss = nn.functional.cross_entropy(model(x), y) / 2
+            watch.log(loss=loss)
+            loss.backward()
+            if i % 2 == 1:
+                opt.step()
+                opt.zero_grad()
+    steps = [r for r in _ledger(watch) if r["kind"] == "step"]
+    assert [s["opt_step"] for s in steps] == [None, 1, None, 2, None, 3, None, 4]
+    assert all((s["grad_norm"] is None) == (s["opt_step"] is None) for s in steps)
+    assert all(s["lr"] == [0.1] for s in steps if s["opt_step"])
+    assert all(s["finite"]["grad"] is None for s in steps if not s["opt_step"])
+    assert steps[0]["batch_ids"] is None  # a plain list has no sampler
+
+
+def test_a_gradscaler_skip_leaves_the_step_without_optimizer_fields(run_root: Path, socket_dir: Path):
+    model, opt = _mlp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    with Watch(model, opt, scaler=scaler, run_dir=run_root, on_nonfinite="warn") as watch:
+        for i, (x, y) in enumerate(watch.batches(_data(3))):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            scaler.scale(loss).backward()
+            if i == 1:
+                model[0].weight.grad[0, 0] = math.inf  # type: ignore[index]
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    steps = [r for r in _ledger(watch) if r["kind"] == "step"]
+    assert [s["opt_step"] for s in steps] == [1, None, 2]
+
+
+def test_nonfinite_stop_raises_before_the_update_and_ends_the_ledger(run_root: Path, socket_dir: Path):
+    model, opt = _mlp()
+    watch = Watch(model, opt, run_dir=run_root)
+    data = _data(6)
+    data[3][0][0, 0] = math.nan  # a corrupt sample in the data
+    with pytest.raises(tuiwatch.NonFiniteError) as info:
+        for x, y in watch.batches(data):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.step()
+            opt.zero_grad()
+    assert info.value.step == 3 and info.value.boundary == "batch"
+    assert "first at step 3, boundary=batch" in str(info.value)
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    ledger = _ledger(watch)
+    bad = [r for r in ledger if r["kind"] == "step"][-1]
+    assert bad["step"] == 3 and bad["finite"]["batch"] is False and bad["finite"]["loss"] is False
+    assert ledger[-1]["kind"] == "end" and ledger[-1]["reason"] == "nonfinite"
+
+
+def test_nonfinite_skip_leaves_model_and_optimizer_state_identical(run_root: Path, socket_dir: Path):
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    with Watch(model, opt, run_dir=run_root, on_nonfinite="skip") as watch:
+        for i, (x, y) in enumerate(watch.batches(_data(4))):
+            loss = nn.functional.cross_entropy(model(x), y) * (math.inf if i == 2 else 1.0)
+            watch.log(loss=loss)
+            loss.backward()
+            if i == 2:
+                params = [p.detach().clone() for p in model.parameters()]
+                state = {k: {n: t.clone() for n, t in v.items()} for k, v in opt.state.items()}
+            opt.step()
+            if i == 2:
+                assert all(torch.equal(a, b) for a, b in zip(params, model.parameters(), strict=True))
+                for k, v in opt.state.items():
+                    assert all(torch.equal(v[n], state[k][n]) for n in v)
+            opt.zero_grad()
+    steps = [r for r in _ledger(watch) if r["kind"] == "step"]
+    assert [s["opt_step"] for s in steps] == [1, 2, None, 3]
+    assert steps[2]["opt_skipped"] is True and steps[2]["finite"]["loss"] is False
+
+
+def test_a_loop_without_a_loader_uses_step(run_root: Path, socket_dir: Path):
+    model, opt = _mlp()
+    with Watch(model, opt, run_dir=run_root) as watch:
+        for x, y in _data(5):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss, accuracy=0.5)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            watch.step()
+    steps = [r for r in _ledger(watch) if r["kind"] == "step"]
+    assert [s["step"] for s in steps] == [0, 1, 2, 3, 4]
+    assert all(s["accuracy"] == 0.5 and s["compute_s"] > 0 and s["batch_shape"] is None for s in steps)
+
+
+def test_attention_mask_gives_the_token_count(run_root: Path, socket_dir: Path):
+    model = nn.Embedding(10, 2)
+    batch = {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 0]]), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}
+    with Watch(model, None, run_dir=run_root) as watch:
+        for b in watch.batches([batch]):
+            watch.log(loss=model(b["input_ids"]).sum())
+    step = [r for r in _ledger(watch) if r["kind"] == "step"][0]
+    assert step["tokens"] == 5
+    assert step["batch_shape"] == {"input_ids": [2, 3], "attention_mask": [2, 3]}
+
+
+def test_an_error_in_the_publisher_thread_degrades_but_never_reaches_training(
+    run_root: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    original = steps_module.StepState.build
+    calls = {"n": 0}
+
+    def flaky_build(self):
+        calls["n"] += 1
+        if calls["n"] in (3, 4):
+            raise RuntimeError("injected")
+        return original(self)
+
+    monkeypatch.setattr(steps_module.StepState, "build", flaky_build)
+    model, opt = _mlp()
+    with Watch(model, opt, run_dir=run_root) as watch:
+        for x, y in watch.batches(_data(8)):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    assert watch.status == "closed"
+    ledger = _ledger(watch)
+    assert len([r for r in ledger if r["kind"] == "step"]) == 6
+    assert ledger[-1]["status"] == "degraded" and "injected" in ledger[-1]["error"]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "tuiwatch" in line]
+    assert len(warnings) == 1 and "degraded" in warnings[0]
+
+
+def test_a_full_buffer_drops_the_oldest_and_says_so(tmp_path: Path):
+    store = FileLedger(tmp_path / "ledger.jsonl")
+    pipeline = Pipeline(store, capacity=10, system_interval_s=None)
+    for i in range(15):
+        pipeline.put({"kind": "step", "step": i})
+    assert pipeline.dropped_records == 5
+    pipeline.start()
+    assert pipeline.close({"kind": "end", "reason": "finished"})
+    ledger = list(read_ledger(tmp_path / "ledger.jsonl"))
+    assert [r["step"] for r in ledger if r["kind"] == "step"] == list(range(5, 15))
+    assert [r for r in ledger if r["kind"] == "publisher"][-1]["dropped_records"] == 5
+    assert ledger[-1]["kind"] == "end" and ledger[-1]["dropped_records"] == 5
+
+
+def test_close_is_bounded_with_a_stalled_viewer(run_root: Path, socket_dir: Path):
+    import socket as socketlib
+
+    model, opt = _mlp()
+    watch = Watch(model, opt, run_dir=run_root)
+    viewer = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    viewer.connect(str(watch.socket_path))  # never reads
+    for x, y in watch.batches(_data(8) * 50):
+        watch.log(loss=nn.functional.cross_entropy(model(x), y))
+    started = time.monotonic()
+    watch.close()
+    assert time.monotonic() - started < 2.0
+    viewer.close()
+    assert _ledger(watch)[-1]["kind"] == "end"
+
+
+def test_without_a_run_dir_the_stream_still_works(socket_dir: Path):
+    from tuiwatch.ledger.wire import connect, iter_records
+
+    model, opt = _mlp()
+    watch = Watch(model, opt, run_dir=None)
+    assert watch.ledger_path is None and watch.socket_path is not None
+    for x, y in watch.batches(_data(4)):
+        watch.log(loss=nn.functional.cross_entropy(model(x), y))
+    sock = connect(watch.socket_path, timeout=10)
+    watch.close()
+    received = list(iter_records(sock))
+    assert received[0]["kind"] == "run" and received[-1]["kind"] == "end"
+    assert [r["step"] for r in received if r["kind"] == "step"] == [0, 1, 2, 3]
