@@ -18,7 +18,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN_SCRIPT = SCRIPTS / "train.py"
 
 
-def wait_until(predicate: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
+def wait_until(predicate: Callable[[], T | None], timeout: float = 20.0, what: str = "condition") -> T:
     """Poll ``predicate`` until it returns something truthy; fail the test at the deadline."""
     deadline = time.monotonic() + timeout
     while True:
@@ -41,9 +41,7 @@ def start_training(run_root: Path, socket_dir: Path, *args: str, truth: Path | N
     cmd = [sys.executable, str(TRAIN_SCRIPT), "--run-dir", str(run_root), *args]
     if truth is not None:
         cmd += ["--truth", str(truth)]
-    return subprocess.Popen(
-        cmd, env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return subprocess.Popen(cmd, env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[str, str]:

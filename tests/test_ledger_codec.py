@@ -23,7 +23,8 @@ json_values = st.recursive(
 def test_any_record_survives_a_round_trip(fields, kind):
     record = {**fields, "kind": kind}
     line = encode(record)
-    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert line.endswith(b"\n")
+    assert line.count(b"\n") == 1
     assert decode(line) == record
 
 
@@ -31,9 +32,11 @@ def test_any_record_survives_a_round_trip(fields, kind):
 def test_step_metrics_keep_nan_and_inf_through_a_round_trip(value):
     back = decode(encode({"kind": "step", "step": 1, "loss": value, "lr": [value]}))
     if math.isnan(value):
-        assert math.isnan(back["loss"]) and math.isnan(back["lr"][0])
+        assert math.isnan(back["loss"])
+        assert math.isnan(back["lr"][0])
     else:
-        assert back["loss"] == value and back["lr"] == [value]
+        assert back["loss"] == value
+        assert back["lr"] == [value]
 
 
 def test_nonfinite_floats_are_written_as_strings_jq_can_read():
@@ -53,21 +56,24 @@ def test_torn_last_line_is_skipped_and_counted(tmp_path: Path):
     path.write_bytes(b"".join(good) + encode({"kind": "step", "step": 3, "loss": 0.25})[:17])
     reader = read_ledger(path)
     assert [r["step"] for r in reader] == [0, 1, 2]
-    assert reader.skipped == 1 and reader.torn_tail
+    assert reader.skipped == 1
+    assert reader.torn_tail
 
 
 def test_reader_takes_a_run_directory_and_skips_garbage_lines(tmp_path: Path):
     (tmp_path / "ledger.jsonl").write_bytes(encode({"kind": "run"}) + b"[1, 2]\n\xff\xfe\n" + encode({"kind": "end"}))
     reader = read_ledger(tmp_path)
     assert [r["kind"] for r in reader] == ["run", "end"]
-    assert reader.skipped == 2 and not reader.torn_tail
+    assert reader.skipped == 2
+    assert not reader.torn_tail
 
 
 def test_tail_records_returns_the_last_complete_records(tmp_path: Path):
     path = tmp_path / "ledger.jsonl"
     path.write_bytes(b"".join(encode({"kind": "step", "step": i}) for i in range(1000)))
     tail = tail_records(path, max_bytes=300)
-    assert tail and tail[-1]["step"] == 999
+    assert tail
+    assert tail[-1]["step"] == 999
     assert [r["step"] for r in tail] == list(range(tail[0]["step"], 1000))
 
 

@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,8 @@ def test_socket_is_0600_in_a_0700_directory(run_root: Path, socket_dir: Path):
     proc = start_training(run_root, socket_dir, "--steps", "200", "--step-sleep", "0.005")
     path = _socket_of(socket_dir)
     mode = os.stat(path).st_mode
-    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+    assert stat.S_ISSOCK(mode)
+    assert stat.S_IMODE(mode) == 0o600
     assert stat.S_IMODE(os.stat(socket_dir).st_mode) == 0o700
     assert not [p for p in socket_dir.iterdir() if p.name.endswith(".tmp")]
     proc.kill()
@@ -68,11 +70,13 @@ def test_an_unsafe_socket_directory_is_refused_and_the_run_goes_on(run_root: Pat
         os.chown(target, 65534, 65534)
         sock_dir = target
     _, err = finish(start_training(run_root, sock_dir, "--steps", "3"))
-    assert "tuiwatch: no live socket for this run" in err and str(sock_dir) in err
+    assert "tuiwatch: no live socket for this run" in err
+    assert str(sock_dir) in err
     assert len(err.strip().splitlines()) == 1
     assert not list(target.glob("*.sock"))
     ledger = records(ledger_file(run_root))
-    assert ledger[0]["socket"] is None and ledger[0]["socket_error"]
+    assert ledger[0]["socket"] is None
+    assert ledger[0]["socket_error"]
     assert count_steps(ledger_file(run_root)) == 3
 
 
@@ -99,9 +103,20 @@ def _as_nobody(path: Path) -> str:
     if os.getuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
         pytest.skip("needs root, setpriv and /usr/bin/python3 to act as another user")
     out = subprocess.run(
-        ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "/usr/bin/python3", "-c",
-         PEER_SCRIPT, str(path)],
-        capture_output=True, text=True, timeout=30, check=True,
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            PEER_SCRIPT,
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
     return out.stdout.strip()
 
@@ -118,7 +133,8 @@ def test_another_user_is_refused_before_receiving_a_byte(run_root: Path, socket_
     socket_dir.chmod(0o700)
     finish(proc)
     end = records(ledger_file(run_root))[-1]
-    assert end["kind"] == "end" and end["refused_peers"] == 1
+    assert end["kind"] == "end"
+    assert end["refused_peers"] == 1
 
 
 def _step_times(ledger: Path) -> list[float]:
@@ -144,11 +160,12 @@ def test_a_viewer_that_never_reads_does_not_slow_training_and_is_dropped(tmp_pat
     assert statistics.median(stalled_times) < 1.5 * statistics.median(base_times) + 0.001
     assert max(stalled_times) < 0.5
     end = records(ledger_file(stalled))[-1]
-    assert end["reason"] == "finished" and end["dropped_viewers"] == 1
+    assert end["reason"] == "finished"
+    assert end["dropped_viewers"] == 1
 
 
-def _replies(sock: socket.socket, n: int) -> list[dict]:
-    splitter, out = LineSplitter(1 << 30), []
+def _replies(sock: socket.socket, n: int) -> list[dict[str, Any]]:
+    splitter, out = LineSplitter(1 << 30), list[dict[str, Any]]()
     deadline = time.monotonic() + 20
     while len(out) < n and time.monotonic() < deadline:
         data = sock.recv(1 << 16)
@@ -167,11 +184,14 @@ def test_bad_command_lines_get_error_replies_and_the_run_finishes(run_root: Path
     assert "bad command line" in replies[0]["error"]
     assert "unknown command 'rm -rf'" in replies[1]["error"]
     assert "expected a JSON object" in replies[2]["error"]
-    assert replies[3]["id"] == 7 and replies[3]["action"] == "checkpoint" and "not available" in replies[3]["error"]
+    assert replies[3]["id"] == 7
+    assert replies[3]["action"] == "checkpoint"
+    assert "not available" in replies[3]["error"]
 
     sock.sendall(b"x" * (MAX_LINE_BYTES + 10))
     oversized = _replies(sock, 1)
-    assert oversized and "longer than" in oversized[0]["error"]
+    assert oversized
+    assert "longer than" in oversized[0]["error"]
     assert wait_until(lambda: sock.recv(1 << 16) == b"", what="the server to close the connection")
     sock.close()
     finish(proc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ def _data(n: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)]
 
 
-def _ledger(watch: Watch) -> list[dict]:
+def _ledger(watch: Watch) -> list[dict[str, Any]]:
     assert watch.ledger_path is not None
     return records(watch.ledger_path)
 
@@ -40,7 +41,7 @@ def test_bad_arguments_are_refused_with_one_line(run_root: Path, socket_dir: Pat
     model, opt = _mlp()
     with pytest.raises(ValueError, match="on_nonfinite must be one of stop, skip, warn"):
         Watch(model, opt, on_nonfinite="ignore", run_dir=run_root)
-    with pytest.raises(TypeError, match="needs a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"needs a torch\.nn\.Module"):
         Watch("model", opt, run_dir=run_root)  # type: ignore[arg-type]
     with Watch(model, opt, run_dir=run_root) as watch:
         with pytest.raises(ValueError, match="'lr' is a field tuiwatch records itself"):
@@ -99,13 +100,17 @@ def test_nonfinite_stop_raises_before_the_update_and_ends_the_ledger(run_root: P
             before = [p.detach().clone() for p in model.parameters()]
             opt.step()
             opt.zero_grad()
-    assert info.value.step == 3 and info.value.boundary == "batch"
+    assert info.value.step == 3
+    assert info.value.boundary == "batch"
     assert "first at step 3, boundary=batch" in str(info.value)
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
     ledger = _ledger(watch)
     bad = [r for r in ledger if r["kind"] == "step"][-1]
-    assert bad["step"] == 3 and bad["finite"]["batch"] is False and bad["finite"]["loss"] is False
-    assert ledger[-1]["kind"] == "end" and ledger[-1]["reason"] == "nonfinite"
+    assert bad["step"] == 3
+    assert bad["finite"]["batch"] is False
+    assert bad["finite"]["loss"] is False
+    assert ledger[-1]["kind"] == "end"
+    assert ledger[-1]["reason"] == "nonfinite"
 
 
 def test_nonfinite_skip_leaves_model_and_optimizer_state_identical(run_root: Path, socket_dir: Path):
@@ -128,7 +133,8 @@ def test_nonfinite_skip_leaves_model_and_optimizer_state_identical(run_root: Pat
             opt.zero_grad()
     steps = [r for r in _ledger(watch) if r["kind"] == "step"]
     assert [s["opt_step"] for s in steps] == [1, 2, None, 3]
-    assert steps[2]["opt_skipped"] is True and steps[2]["finite"]["loss"] is False
+    assert steps[2]["opt_skipped"] is True
+    assert steps[2]["finite"]["loss"] is False
 
 
 def test_a_loop_without_a_loader_uses_step(run_root: Path, socket_dir: Path):
@@ -152,7 +158,7 @@ def test_attention_mask_gives_the_token_count(run_root: Path, socket_dir: Path):
     with Watch(model, None, run_dir=run_root) as watch:
         for b in watch.batches([batch]):
             watch.log(loss=model(b["input_ids"]).sum())
-    step = [r for r in _ledger(watch) if r["kind"] == "step"][0]
+    step = next(r for r in _ledger(watch) if r["kind"] == "step")
     assert step["tokens"] == 5
     assert step["batch_shape"] == {"input_ids": [2, 3], "attention_mask": [2, 3]}
 
@@ -181,9 +187,11 @@ def test_an_error_in_the_publisher_thread_degrades_but_never_reaches_training(
     assert watch.status == "closed"
     ledger = _ledger(watch)
     assert len([r for r in ledger if r["kind"] == "step"]) == 6
-    assert ledger[-1]["status"] == "degraded" and "injected" in ledger[-1]["error"]
+    assert ledger[-1]["status"] == "degraded"
+    assert "injected" in ledger[-1]["error"]
     warnings = [line for line in capsys.readouterr().err.splitlines() if "tuiwatch" in line]
-    assert len(warnings) == 1 and "degraded" in warnings[0]
+    assert len(warnings) == 1
+    assert "degraded" in warnings[0]
 
 
 def test_a_full_buffer_drops_the_oldest_and_says_so(tmp_path: Path):
@@ -197,7 +205,8 @@ def test_a_full_buffer_drops_the_oldest_and_says_so(tmp_path: Path):
     ledger = list(read_ledger(tmp_path / "ledger.jsonl"))
     assert [r["step"] for r in ledger if r["kind"] == "step"] == list(range(5, 15))
     assert [r for r in ledger if r["kind"] == "publisher"][-1]["dropped_records"] == 5
-    assert ledger[-1]["kind"] == "end" and ledger[-1]["dropped_records"] == 5
+    assert ledger[-1]["kind"] == "end"
+    assert ledger[-1]["dropped_records"] == 5
 
 
 def test_close_is_bounded_with_a_stalled_viewer(run_root: Path, socket_dir: Path):
@@ -221,11 +230,13 @@ def test_without_a_run_dir_the_stream_still_works(socket_dir: Path):
 
     model, opt = _mlp()
     watch = Watch(model, opt, run_dir=None)
-    assert watch.ledger_path is None and watch.socket_path is not None
+    assert watch.ledger_path is None
+    assert watch.socket_path is not None
     for x, y in watch.batches(_data(4)):
         watch.log(loss=nn.functional.cross_entropy(model(x), y))
     sock = connect(watch.socket_path, timeout=10)
     watch.close()
     received = list(iter_records(sock))
-    assert received[0]["kind"] == "run" and received[-1]["kind"] == "end"
+    assert received[0]["kind"] == "run"
+    assert received[-1]["kind"] == "end"
     assert [r["step"] for r in received if r["kind"] == "step"] == [0, 1, 2, 3]

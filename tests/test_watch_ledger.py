@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,13 +17,22 @@ NULL_ON_CPU = {"mem_allocated", "mem_reserved", "mem_peak", "tokens"}
 
 
 @pytest.fixture(scope="module")
-def slow_loader_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict], Path]:
+def slow_loader_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]], Path]:
     base = tmp_path_factory.mktemp("ledger")
     sock_dir = base / "s"
     sock_dir.mkdir(mode=0o700)
     truth = base / "truth.jsonl"
     proc = start_training(
-        base / "runs", sock_dir, "--steps", "20", "--batch", "4", "--item-sleep", "0.005", "--clip", "0.5",
+        base / "runs",
+        sock_dir,
+        "--steps",
+        "20",
+        "--batch",
+        "4",
+        "--item-sleep",
+        "0.005",
+        "--clip",
+        "0.5",
         truth=truth,
     )
     finish(proc)
@@ -34,7 +44,9 @@ def test_ledger_starts_with_a_complete_run_record(slow_loader_run):
     first = records(path)[0]
     assert first["kind"] == "run"
     assert set(RUN_FIELDS) <= set(first)
-    assert first["name"] == "train" and first["device"] == "cpu" and first["torch"].startswith("2.13")
+    assert first["name"] == "train"
+    assert first["device"] == "cpu"
+    assert first["torch"].startswith("2.13")
 
 
 def test_every_step_record_has_every_field(slow_loader_run):
@@ -45,8 +57,10 @@ def test_every_step_record_has_every_field(slow_loader_run):
         assert set(STEP_FIELDS) <= set(s)
         for field in set(STEP_FIELDS) - NULL_ON_CPU:
             assert s[field] is not None, f"step {s['step']} has {field}=null"
-        assert set(s["finite"]) == set(FINITE_BOUNDARIES) and all(s["finite"].values())
-        assert s["training"] is True and s["batch_shape"] == [[4, 2], [4], [4]]
+        assert set(s["finite"]) == set(FINITE_BOUNDARIES)
+        assert all(s["finite"].values())
+        assert s["training"] is True
+        assert s["batch_shape"] == [[4, 2], [4], [4]]
 
 
 def test_values_equal_what_the_loop_computed(slow_loader_run):
@@ -75,7 +89,9 @@ def test_validation_writes_eval_records_and_the_run_ends(slow_loader_run):
     assert [e["step"] for e in evals] == [15, 19]  # 16 batches per epoch, the second epoch cut at 20
     assert all(e["training"] is False and e["val_loss"] > 0 for e in evals)
     last = records(path)[-1]
-    assert last["kind"] == "end" and last["reason"] == "finished" and last["dropped_records"] == 0
+    assert last["kind"] == "end"
+    assert last["reason"] == "finished"
+    assert last["dropped_records"] == 0
     assert list_sockets(sock_dir) == []  # the socket went with the run
 
 
@@ -89,4 +105,5 @@ def test_interpreter_exit_closes_the_ledger_without_close(run_root: Path, socket
     finish(start_training(run_root, socket_dir, "--steps", "5", "--no-close"))
     all_records = records(ledger_file(run_root))
     assert len([r for r in all_records if r["kind"] == "step"]) == 5
-    assert all_records[-1]["kind"] == "end" and all_records[-1]["reason"] == "finished"
+    assert all_records[-1]["kind"] == "end"
+    assert all_records[-1]["reason"] == "finished"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ def _first_record(path: Path, timeout: float) -> dict[str, Any] | None:
             lines = splitter.feed(data)
             if lines:
                 return decode(lines[0])
-    except (OSError, ProtocolError, DecodeError, socket.timeout):
+    except (TimeoutError, OSError, ProtocolError, DecodeError):
         return None
     finally:
         sock.close()

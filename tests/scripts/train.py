@@ -60,7 +60,9 @@ def main() -> None:
         num_workers=args.workers,
         generator=torch.Generator().manual_seed(1),
     )
-    watch = tuiwatch.Watch(model, opt, name=args.name, scheduler=sched, run_dir=args.run_dir, viewer_stall_s=args.stall_s)
+    watch = tuiwatch.Watch(
+        model, opt, name=args.name, scheduler=sched, run_dir=args.run_dir, viewer_stall_s=args.stall_s
+    )
     truth = open(args.truth, "w") if args.truth else None
     step = 0
     while step < args.steps:

@@ -138,5 +138,3 @@ def _validate(
         accuracy = (logits.argmax(1) == y).float().mean()
         watch.log(val_loss=loss_fn(logits, y), val_acc=accuracy)
     model.train()
-
-

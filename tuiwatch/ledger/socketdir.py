@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -124,10 +125,8 @@ def remove_stale_sockets(directory: Path) -> list[SocketEntry]:
             finally:
                 probe.close()
         if stale:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(entry.path)
-            except OSError:
-                pass
         else:
             live.append(entry)
     return live

@@ -7,6 +7,7 @@ duplicate, and a slow viewer costs no memory of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from pathlib import Path
@@ -54,10 +55,8 @@ class FileLedger:
 
     def close(self) -> None:
         for fd in (self._wfd, self._rfd):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
 class MemoryTail:

@@ -31,7 +31,7 @@ def defer(t: torch.Tensor) -> Any:
         return t
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
-    event = torch.cuda.Event()
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
     event.record()
     return PendingCopy(host, event)
 

@@ -17,12 +17,12 @@ def total_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     with torch.no_grad():
         norms = torch._foreach_norm(list(tensors))
         if len(norms) == 1:
-            return norms[0]
+            return norms[0]  # type: ignore[no-any-return]
         try:
-            return torch.linalg.vector_norm(torch.stack(norms))
+            return torch.linalg.vector_norm(torch.stack(norms))  # type: ignore[no-any-return]
         except RuntimeError:
             # several devices or dtypes: torch's own grouping handles them
-            return torch.nn.utils.get_total_norm(tensors, foreach=True)
+            return torch.nn.utils.get_total_norm(tensors, foreach=True)  # type: ignore[no-any-return]
 
 
 def finiteness_probe(t: torch.Tensor) -> torch.Tensor:

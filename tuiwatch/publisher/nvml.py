@@ -7,6 +7,7 @@ Initialised lazily on first use; a missing library or driver is a value
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 from typing import Any
 
@@ -32,10 +33,8 @@ def _init() -> Any:
 def _shutdown() -> None:
     lib = _state["pynvml"]
     if lib is not None:
-        try:
+        with contextlib.suppress(Exception):
             lib.nvmlShutdown()
-        except Exception:
-            pass
         _state["pynvml"] = None
 
 

@@ -11,6 +11,8 @@ status becomes ``degraded`` and one warning goes to stderr.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import selectors
 import socket
 import sys
@@ -96,10 +98,8 @@ class Pipeline:
         """Write ``end`` last, flush and stop within ``timeout_s``; False if the thread is stuck."""
         self._end = end
         self._stopping.set()
-        try:
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        except OSError:
-            pass
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
@@ -128,12 +128,10 @@ class Pipeline:
     def _cycle(self) -> None:
         for key, mask in self._selector.select(self.period_s):
             if key.fileobj is self._wake_r:
-                try:
+                with contextlib.suppress(OSError):
                     self._wake_r.recv(4096)
-                except OSError:
-                    pass
             elif self.server is not None:
-                self._guard(lambda key=key, mask=mask: self.server.handle(key, mask))  # type: ignore[union-attr]
+                self._guard(functools.partial(self.server.handle, key, mask))
         self._drain(final=False)
         now = time.monotonic()
         if self._sampler is not None and self._sampler.due(now):
@@ -235,5 +233,3 @@ def _is_store_error(exc: OSError) -> bool:
     import errno
 
     return exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EBADF)
-
-

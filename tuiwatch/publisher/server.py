@@ -7,6 +7,7 @@ connection. Protocol: :mod:`tuiwatch.ledger.wire`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import socket
@@ -52,10 +53,8 @@ def bind_private_socket(path: Path) -> socket.socket:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         sock.bind(str(tmp))
         os.chmod(tmp, 0o600)
         os.rename(tmp, path)
@@ -63,10 +62,8 @@ def bind_private_socket(path: Path) -> socket.socket:
         sock.setblocking(False)
     except OSError:
         sock.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     return sock
 
@@ -153,23 +150,19 @@ class Server:
             lines = viewer.splitter.feed(data)
         except ProtocolError as exc:
             reply = action_record(None, cmd_id=None, ok=False, step=None, error=f"{exc}; closing connection")
-            try:
+            with contextlib.suppress(OSError):
                 viewer.sock.send(encode(reply))
-            except OSError:
-                pass
             self._drop(viewer, counted=False)
             return
         for line in lines:
             if not line.strip():
                 continue
             try:
-                command = parse_command(line)
+                answer = self.on_command(parse_command(line))
             except ProtocolError as exc:
-                reply: Record | None = action_record(None, cmd_id=None, ok=False, step=None, error=str(exc))
-            else:
-                reply = self.on_command(command)
-            if reply is not None:
-                viewer.replies.append(encode(reply))
+                answer = action_record(None, cmd_id=None, ok=False, step=None, error=str(exc))
+            if answer is not None:
+                viewer.replies.append(encode(answer))
         if len(viewer.replies) > MAX_PENDING_REPLIES:
             self._drop(viewer, counted=False)
             return
@@ -240,10 +233,8 @@ class Server:
         fd = viewer.sock.fileno()
         if self._viewers.pop(fd, None) is None:
             return
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(viewer.sock)
-        except (KeyError, ValueError):
-            pass
         viewer.sock.close()
         self.counters.viewers = len(self._viewers)
         if counted:
@@ -261,7 +252,5 @@ class Server:
             self._drop(viewer, counted=False)
         self.selector.unregister(self._listener)
         self._listener.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass

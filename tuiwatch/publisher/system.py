@@ -51,5 +51,3 @@ class SystemSampler:
             alive[child.pid] = proc
         self._children = alive
         return len(alive), cpu
-
-

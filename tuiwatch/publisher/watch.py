@@ -64,8 +64,8 @@ def _rank_and_world() -> tuple[int, int]:
 
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
-    except Exception:
-        pass
+    except (ImportError, RuntimeError):
+        pass  # no usable process group: the launcher's environment says
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
@@ -157,7 +157,9 @@ class Watch:
             self.socket_path = wanted
         except (TuiwatchError, OSError) as exc:
             socket_error = str(exc) if isinstance(exc, TuiwatchError) else f"cannot listen: {exc}"
-            print(f"tuiwatch: no live socket for this run ({socket_error}); the ledger is still written", file=sys.stderr)
+            print(
+                f"tuiwatch: no live socket for this run ({socket_error}); the ledger is still written", file=sys.stderr
+            )
 
         self.run_record = self._make_run_record(param_count, socket_error)
         run_line = encode(self.run_record)
@@ -225,12 +227,16 @@ class Watch:
                 raise ValueError(f"tuiwatch: '{key}' is a field tuiwatch records itself; log it under another name")
             if isinstance(value, torch.Tensor):
                 if value.numel() != 1:
-                    raise ValueError(f"tuiwatch: log({key}=...) needs a scalar, got a tensor of shape {list(value.shape)}")
+                    raise ValueError(
+                        f"tuiwatch: log({key}=...) needs a scalar, got a tensor of shape {list(value.shape)}"
+                    )
                 target[key] = defer(value)
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 target[key] = value
             else:
-                raise TypeError(f"tuiwatch: log({key}=...) needs a number or a scalar tensor, got {type(value).__name__}")
+                raise TypeError(
+                    f"tuiwatch: log({key}=...) needs a number or a scalar tensor, got {type(value).__name__}"
+                )
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, **kwargs: Any) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters; records the pre-clip norm."""
@@ -315,7 +321,7 @@ class Watch:
             self._stop_or_skip_nonfinite(s, params)
         if measured and self._opt_steps % self.update_norm_every == 0 and not s.opt_skipped:
             with torch.no_grad():
-                self._before_update = torch._foreach_mul(params, 1.0)
+                self._before_update = list(torch._foreach_mul(params, 1.0))
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._inert or self._closed or self._cur is None:

@@ -1,0 +1,92 @@
+"""The ``tuiwatch`` command as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from .helpers import env_for, finish, ledger_file, records, start_training, wait_until
+
+TUIWATCH = [sys.executable, "-m", "tuiwatch"]
+
+
+def tw(socket_dir: Path, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*TUIWATCH, *args], env=env_for(socket_dir), capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+
+
+def test_ls_says_when_nothing_runs(socket_dir: Path):
+    out = tw(socket_dir, "ls")
+    assert out.returncode == 0
+    assert out.stdout.strip() == "no live runs (start one with: tuiwatch demo)"
+    assert json.loads(tw(socket_dir, "ls", "--json").stdout) == []
+
+
+def test_ls_lists_a_live_run_and_removes_stale_sockets(run_root: Path, socket_dir: Path):
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(socket_dir / f"ghost.{os.getpid()}.sock"))  # bound, never listening: nothing answers
+    stale.close()
+    (socket_dir / "dead.999999999.sock").touch()  # a pid that cannot exist
+    proc = start_training(run_root, socket_dir, "--name", "resnet", "--steps", "400", "--step-sleep", "0.005")
+    ledger = wait_until(lambda: next(iter(run_root.glob("*/ledger.jsonl")), None), what="ledger")
+    wait_until(lambda: any(r["kind"] == "step" for r in records(ledger)), what="a step")
+    listed = json.loads(tw(socket_dir, "ls", "--json").stdout)
+    assert [(r["name"], r["pid"], r["status"]) for r in listed] == [("resnet", proc.pid, "live")]
+    assert listed[0]["step"] >= 0
+    assert listed[0]["ledger"] == str(ledger)
+    table = tw(socket_dir, "ls").stdout.splitlines()
+    assert table[0].split() == ["NAME", "PID", "STEP", "STATUS", "SOCKET"]
+    assert table[1].split()[:2] == ["resnet", str(proc.pid)]
+    assert sorted(p.name for p in socket_dir.iterdir()) == [f"resnet.{proc.pid}.sock"]
+    finish(proc)
+
+
+def test_ls_refuses_an_unsafe_socket_directory_in_one_line(tmp_path: Path):
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    loose.chmod(0o777)
+    out = tw(loose, "ls")
+    assert out.returncode == 1
+    assert (
+        out.stderr.strip() == f"tuiwatch: error: socket directory {loose} has mode 0777, other users could "
+        f"reach the runs: run 'chmod 700 {loose}'"
+    )
+
+
+def test_demo_trains_and_writes_a_ledger(tmp_path: Path, socket_dir: Path):
+    out = tw(socket_dir, "demo", "--no-viewer", "--steps", "40", "--delay", "0", "--run-dir", str(tmp_path / "runs"))
+    assert out.returncode == 0, out.stderr
+    assert "tuiwatch demo: finished after 40 steps" in out.stdout
+    ledger = records(ledger_file(tmp_path / "runs"))
+    steps = [r for r in ledger if r["kind"] == "step"]
+    assert len(steps) == 40
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    assert ledger[-1]["reason"] == "finished"
+
+
+def test_demo_cnn_trains(tmp_path: Path, socket_dir: Path):
+    out = tw(socket_dir, "demo", "--model", "cnn", "--steps", "10", "--delay", "0", "--run-dir", str(tmp_path / "r"))
+    assert out.returncode == 0, out.stderr
+    steps = [r for r in records(ledger_file(tmp_path / "r")) if r["kind"] == "step"]
+    assert steps[0]["batch_shape"] == [[64, 3, 32, 32], [64]]
+
+
+def test_help_is_there_for_every_command(socket_dir: Path):
+    for args in ((), ("ls",), ("demo",)):
+        out = tw(socket_dir, *args, "--help")
+        assert out.returncode == 0
+        assert out.stdout.startswith("usage: tuiwatch")
+
+
+def test_usage_errors_are_one_line(socket_dir: Path):
+    out = tw(socket_dir, "demo", "--steps", "0")
+    assert out.returncode == 2
+    assert (
+        out.stderr.strip() == "tuiwatch demo: error: argument --steps: must be at least 1, got 0 "
+        "(see 'tuiwatch demo --help')"
+    )

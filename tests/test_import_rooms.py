@@ -1,0 +1,47 @@
+"""The three rooms never blur: checked in fresh interpreters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+CHECK = """
+import sys, importlib
+for name in {imports!r}:
+    importlib.import_module(name)
+{extra}
+print(",".join(sorted(m for m in ("torch", "textual") if m in sys.modules)))
+"""
+
+
+def loaded_after(imports: list[str], extra: str = "") -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", CHECK.format(imports=imports, extra=extra)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return set(filter(None, out.stdout.strip().split(",")))
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["tuiwatch", "tuiwatch.ledger", "tuiwatch.ledger.wire", "tuiwatch.runs", "tuiwatch.cli.main", "tuiwatch.errors"],
+)
+def test_pure_rooms_load_neither_torch_nor_textual(module: str):
+    assert loaded_after([module]) == set()
+
+
+def test_public_names_resolve_lazily():
+    assert loaded_after(["tuiwatch"], "import tuiwatch; tuiwatch.read_ledger; tuiwatch.NonFiniteError") == set()
+
+
+def test_the_publisher_loads_torch_but_never_textual():
+    assert loaded_after(["tuiwatch.publisher"]) == {"torch"}
+
+
+def test_ls_help_does_not_import_torch():
+    assert loaded_after(["tuiwatch.cli.main"], "from tuiwatch.cli.main import build_parser; build_parser()") == set()
