@@ -14,6 +14,7 @@ from tuiwatch.ledger.socketdir import list_sockets
 from .helpers import finish, ledger_file, load_truth, records, start_training
 
 NULL_ON_CPU = {"mem_allocated", "mem_reserved", "mem_peak", "tokens"}
+SAMPLED = {"update_norm"}  # every 10th optimizer step by default (the run record says so)
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,8 @@ def test_ledger_starts_with_a_complete_run_record(slow_loader_run):
     assert first["name"] == "train"
     assert first["device"] == "cpu"
     assert first["torch"].startswith("2.13")
+    assert first["update_norm_every"] == 10
+    assert first["param_norm_every"] == 1
 
 
 def test_every_step_record_has_every_field(slow_loader_run):
@@ -55,8 +58,9 @@ def test_every_step_record_has_every_field(slow_loader_run):
     assert [s["step"] for s in steps] == list(range(20))
     for s in steps:
         assert set(STEP_FIELDS) <= set(s)
-        for field in set(STEP_FIELDS) - NULL_ON_CPU:
+        for field in set(STEP_FIELDS) - NULL_ON_CPU - SAMPLED:
             assert s[field] is not None, f"step {s['step']} has {field}=null"
+        assert (s["update_norm"] is not None) == ((s["opt_step"] - 1) % 10 == 0)
         assert set(s["finite"]) == set(FINITE_BOUNDARIES)
         assert all(s["finite"].values())
         assert s["training"] is True

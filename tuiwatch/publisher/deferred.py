@@ -1,9 +1,15 @@
 """Values that live on the device until the background thread can read them without a sync.
 
-On the training thread :func:`defer` only detaches (CPU) or starts a
-non-blocking copy into pinned host memory and records a CUDA event. The
-pipeline thread asks :func:`is_ready` (``event.query()``, no sync) and then
-:func:`resolve` turns the value into a Python number.
+On CUDA, :func:`defer` starts a non-blocking copy into pinned host memory and
+records an event; the pipeline thread asks :func:`is_ready` (``event.query()``,
+no sync) and then :func:`resolve` turns the value into a Python number.
+
+On the CPU there is no device to wait for: the value exists when the op
+returns, and ``.item()`` reads it in ~0.1 µs. Reading it at once is cheaper
+than ``detach()``, frees the autograd graph, and keeps torch calls off the
+pipeline thread: torch releases the GIL inside each call, and a background
+thread doing so hands the GIL back and forth with the training thread on every
+op (measured: +230 µs per step of the tiny MLP, against +24 µs of work).
 """
 
 from __future__ import annotations
@@ -24,11 +30,10 @@ class PendingCopy:
 
 
 def defer(t: torch.Tensor) -> Any:
-    t = t.detach()
+    """A scalar tensor as a Python number (CPU) or a :class:`PendingCopy` (CUDA)."""
     if t.device.type != "cuda":
-        if t.device.type != "cpu":
-            return t.cpu()
-        return t
+        return t.item()  # CPU: no sync exists; other accelerators: documented as syncing
+    t = t.detach()
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     event = torch.cuda.Event()  # type: ignore[no-untyped-call]

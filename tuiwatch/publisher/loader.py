@@ -36,6 +36,8 @@ class IndexRecorder:
 
 
 def _as_id_list(item: Any) -> list[int]:
+    if type(item) is list:
+        return item  # BatchSampler yields a fresh list of ints per batch
     if isinstance(item, int):
         return [item]
     try:

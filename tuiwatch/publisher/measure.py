@@ -1,7 +1,8 @@
-"""Measurements of one step: norms and what a batch looks like. All stay on the device."""
+"""Measurements of one step: norms and what a batch looks like, without a device sync."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -9,68 +10,63 @@ import torch
 
 from tuiwatch.publisher.deferred import defer
 
+_WIDE_FLOATS = (torch.float32, torch.float64)
+# Up to this many tensors, adding per-tensor norms in Python beats stack + norm on the CPU.
+_PYTHON_SUM_MAX = 32
 
-def total_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """The 2-norm of all ``tensors`` together, as a device scalar (no sync)."""
+
+def total_norm(tensors: Sequence[torch.Tensor]) -> Any:
+    """The 2-norm of all ``tensors`` together: a float (CPU), a device scalar (CUDA), or None."""
     if not tensors:
         return None
     with torch.no_grad():
         norms = torch._foreach_norm(list(tensors))
-        if len(norms) == 1:
-            return norms[0]  # type: ignore[no-any-return]
+        if len(norms) <= _PYTHON_SUM_MAX and norms[0].device.type == "cpu":
+            return math.sqrt(math.fsum(n.item() ** 2 for n in norms))
         try:
-            return torch.linalg.vector_norm(torch.stack(norms))  # type: ignore[no-any-return]
+            return torch.linalg.vector_norm(torch.stack(norms))
         except RuntimeError:
             # several devices or dtypes: torch's own grouping handles them
-            return torch.nn.utils.get_total_norm(tensors, foreach=True)  # type: ignore[no-any-return]
+            return torch.nn.utils.get_total_norm(tensors, foreach=True)
 
 
 def finiteness_probe(t: torch.Tensor) -> torch.Tensor:
     """A scalar that is finite iff every element of ``t`` is (one reduction kernel).
 
-    A sum in float32 only overflows for sums beyond ~3e38, far outside what
-    activations and inputs hold; a NaN or inf anywhere makes it non-finite.
+    The sum is taken in at least float32, which only overflows beyond ~3e38,
+    far outside what activations and inputs hold; a NaN or inf anywhere makes
+    it non-finite.
     """
-    return t.detach().sum(dtype=torch.float32)
+    t = t.detach()
+    return t.sum() if t.dtype in _WIDE_FLOATS else t.sum(dtype=torch.float32)
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
     """The first tensor in a model output or batch: a tensor, a sequence, a mapping, or ``.logits``."""
     if isinstance(obj, torch.Tensor):
         return obj
-    if isinstance(obj, Mapping):
-        for v in obj.values():
-            if isinstance(v, torch.Tensor):
-                return v
-        return None
-    if isinstance(obj, list | tuple):
-        for v in obj:
-            if isinstance(v, torch.Tensor):
-                return v
-        return None
+    values = obj.values() if isinstance(obj, Mapping) else obj if isinstance(obj, list | tuple) else ()
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v
     logits = getattr(obj, "logits", None)
     return logits if isinstance(logits, torch.Tensor) else None
 
 
-def batch_shape(batch: Any) -> Any:
-    """The batch with each tensor replaced by its shape (lists, dicts kept; other values null)."""
+def _shape_and_tensors(batch: Any, tensors: list[torch.Tensor]) -> Any:
+    """The batch with each tensor replaced by its shape; collects the tensors on the way."""
     if isinstance(batch, torch.Tensor):
+        tensors.append(batch)
         return list(batch.shape)
     if isinstance(batch, list | tuple):
-        return [batch_shape(v) for v in batch]
+        return [_shape_and_tensors(v, tensors) for v in batch]
     if isinstance(batch, Mapping):
-        return {str(k): batch_shape(v) for k, v in batch.items()}
+        return {str(k): _shape_and_tensors(v, tensors) for k, v in batch.items()}
     return None
 
 
-def _tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, list | tuple):
-        return [t for v in batch for t in _tensors(v)]
-    if isinstance(batch, Mapping):
-        return [t for v in batch.values() for t in _tensors(v)]
-    return []
+def batch_shape(batch: Any) -> Any:
+    return _shape_and_tensors(batch, [])
 
 
 class BatchInfo:
@@ -79,16 +75,16 @@ class BatchInfo:
     __slots__ = ("finite_probe", "shape", "size", "tokens")
 
     def __init__(self, batch: Any):
-        self.shape = batch_shape(batch)
-        tensors = _tensors(batch)
-        self.size: int | None = int(tensors[0].shape[0]) if tensors and tensors[0].dim() else None
-        floats = [t for t in tensors if t.is_floating_point()]
-        self.finite_probe: Any = None
-        if floats:
-            probe = finiteness_probe(floats[0])
-            for t in floats[1:]:
-                probe = probe + finiteness_probe(t)
-            self.finite_probe = defer(probe)
+        tensors: list[torch.Tensor] = []
+        self.shape = _shape_and_tensors(batch, tensors)
+        first = tensors[0] if tensors else None
+        self.size: int | None = int(first.shape[0]) if first is not None and first.dim() else None
+        probe: torch.Tensor | None = None
+        for t in tensors:
+            if t.is_floating_point():
+                value = finiteness_probe(t)
+                probe = value if probe is None else probe + value
+        self.finite_probe: Any = None if probe is None else defer(probe)
         self.tokens: Any = None
         if isinstance(batch, Mapping):
             mask = batch.get("attention_mask")
