@@ -114,7 +114,11 @@ def run_demo(
                 if now - last_status >= status_every_s:
                     last_status = now
                     rate = step / (now - started)
-                    print(f"step {step:>6}  loss {loss.item():.4f}  {rate:,.0f} steps/s", file=out, flush=True)
+                    print(
+                        f"step {step:>6}  loss {loss.item():.4f}  {rate:,.0f} steps/s  {watch.socket_path or ''}",
+                        file=out,
+                        flush=True,
+                    )
                 if delay_s:
                     time.sleep(delay_s)  # keeps the demo watchable; not a synchronisation
                 if step >= steps or watch.should_stop:
