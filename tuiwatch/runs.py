@@ -92,3 +92,40 @@ def list_live_runs(directory: Path | None = None, timeout: float = 1.0) -> list[
 
 def as_dicts(runs: list[LiveRun]) -> list[dict[str, Any]]:
     return [asdict(r) for r in runs]
+
+
+def resolve_target(target: str | None, directory: Path | None = None) -> LiveRun | list[LiveRun]:
+    """The live run that ``target`` names (name, pid or socket path), or every candidate when ambiguous.
+
+    Raises TuiwatchError with a one-line hint when nothing matches.
+    """
+    from tuiwatch.errors import TuiwatchError
+
+    if target and ("/" in target or target.endswith(".sock")):
+        path = Path(target)
+        if not path.exists():
+            raise TuiwatchError(f"no socket at {target}: is the run still going? (tuiwatch ls lists live runs)")
+        run = _first_record(path, 2.0)
+        if run is None:
+            raise TuiwatchError(f"{target} does not answer as a tuiwatch run")
+        return LiveRun(str(run.get("name", "?")), int(run.get("pid", 0)), str(path), None, "live",
+                       run.get("run_id"), None)  # fmt: skip
+    runs = list_live_runs(directory)
+    if not runs:
+        raise TuiwatchError("no live runs on this host: start one (tuiwatch demo --no-viewer) or replay a ledger")
+    if target is None:
+        return runs[0] if len(runs) == 1 else runs
+    matches = [r for r in runs if r.name == target or str(r.pid) == target]
+    if not matches:
+        names = ", ".join(f"{r.name} (pid {r.pid})" for r in runs)
+        raise TuiwatchError(f"no live run named {target!r}; live runs: {names}")
+    return matches[0] if len(matches) == 1 else matches
+
+
+def find_socket_by_name(name: str, directory: Path | None = None) -> Path | None:
+    """The socket of the newest live run called ``name`` (for reconnecting after a restart)."""
+    try:
+        runs = [r for r in list_live_runs(directory, timeout=0.5) if r.name == name]
+    except Exception:
+        return None
+    return Path(max(runs, key=lambda r: r.pid).socket) if runs else None

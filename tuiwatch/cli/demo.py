@@ -1,17 +1,32 @@
-"""``tuiwatch demo``: a synthetic training with a Watch attached (the only command that imports torch)."""
+"""``tuiwatch demo``: a synthetic training with a Watch attached, shown in the viewer.
+
+The training runs in a child process (``demo --no-viewer``), exactly as a
+user's script would, and the viewer attaches to its socket. Quitting the
+viewer stops the demo run; with ``--no-viewer`` (or when stdout is not a
+terminal) it only trains and prints a status line every few seconds.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
+
+from tuiwatch.errors import TuiwatchError
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="run a small synthetic training with tuiwatch attached",
-        description="Train a small model on synthetic data with a Watch attached, on the CPU. "
-        "Needs torch (pip install 'tuiwatch[demo]').",
+        description="Train a small model on synthetic data with a Watch attached, on the CPU, and open the "
+        "viewer on it. Needs torch (pip install 'tuiwatch[demo]').",
     )
     p.add_argument("--model", choices=("mlp", "cnn"), default="mlp", help="the 2-32-2 MLP (default) or a small CNN")
     p.add_argument("--steps", type=_positive_int, default=3000, help="training steps (default 3000)")
@@ -32,13 +47,47 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.no_viewer or not sys.stdout.isatty():
+        return _train(args)
+    return _train_and_view(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     try:
         from tuiwatch.demo.training import run_demo
     except ImportError as exc:
-        from tuiwatch.errors import TuiwatchError
-
         raise TuiwatchError(f"the demo needs torch ({exc.name} is missing): pip install 'tuiwatch[demo]'") from None
-    # The viewer does not exist yet: with or without --no-viewer the demo
-    # trains and prints status lines; attach from another terminal.
     run_demo(args.model, steps=args.steps, delay_s=max(0.0, args.delay), seed=args.seed, run_dir=args.run_dir)
+    return 0
+
+
+def _train_and_view(args: argparse.Namespace) -> int:
+    from tuiwatch.ledger.socketdir import list_sockets, socket_dir
+    from tuiwatch.viewer.app import TuiwatchApp
+    from tuiwatch.viewer.sources import SocketSource
+
+    argv = [sys.executable, "-m", "tuiwatch", "demo", "--no-viewer", "--model", args.model]
+    argv += ["--steps", str(args.steps), "--delay", str(args.delay), "--seed", str(args.seed)]
+    argv += ["--run-dir", args.run_dir]
+    with tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 60
+            path: Path | None = None
+            while path is None:
+                if child.poll() is not None or time.monotonic() > deadline:
+                    err.seek(0)
+                    last = err.read().decode(errors="replace").strip().splitlines()
+                    raise TuiwatchError(f"the demo training did not start: {last[-1] if last else 'no output'}")
+                path = next((e.path for e in list_sockets(socket_dir()) if e.pid == child.pid), None)
+                time.sleep(0.05)  # waiting for another process to create its socket
+            TuiwatchApp(SocketSource(path, None)).run()
+        finally:
+            if child.poll() is None:
+                os.kill(child.pid, signal.SIGINT)  # the demo ends its ledger with reason "stopped"
+                try:
+                    child.wait(5)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+    print(f"tuiwatch demo: the ledger is under {args.run_dir}/ (tuiwatch replay {args.run_dir}/<run>)")
     return 0

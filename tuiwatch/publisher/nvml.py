@@ -23,7 +23,7 @@ def _init() -> Any:
 
         pynvml.nvmlInit()
     except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver errors
-        _state["error"] = f"NVML unavailable: {type(exc).__name__}: {exc}".strip()
+        _state["error"] = f"NVML unavailable ({exc})" if str(exc) else f"NVML unavailable ({type(exc).__name__})"
         return None
     _state["pynvml"] = pynvml
     atexit.register(_shutdown)

@@ -1,0 +1,162 @@
+"""The viewer app driven with Pilot: from a ledger file, and from a real training subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import orjson
+
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.socketdir import list_sockets
+from tuiwatch.runs import find_socket_by_name
+from tuiwatch.viewer.panes.alerts import AlertsPane
+from tuiwatch.viewer.panes.base import Pane
+from tuiwatch.viewer.panes.memory import MemoryPane
+from tuiwatch.viewer.panes.timing import TimingPane
+from tuiwatch.viewer.panes.training import TrainingPane
+from tuiwatch.viewer.render.text import number
+from tuiwatch.viewer.sources import FileSource, SocketSource
+from tuiwatch.viewer.widgets import ConfirmStop, HeaderBar, HelpScreen
+
+from .helpers import finish, start_training, wait_until
+from .viewer_helpers import FIXED_NOW, RecordingApp, plain, until
+
+LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
+
+
+async def test_replay_shows_the_ledgers_values_on_every_pane():
+    steps = [r for r in read_ledger(LEDGERS / "healthy.jsonl") if r["kind"] == "step"]
+    last = steps[-1]
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.status == "finished", what="the replay to finish")
+        await pilot.pause(0.1)
+        header = app.query_one(HeaderBar).render().plain  # type: ignore[union-attr]
+        assert "demo-mlp@gpu-box" in header
+        assert "step 149" in header
+        assert "finished" in header
+        assert "[replay]" in header
+        training = plain(app.query_one(TrainingPane))
+        assert f"loss {number(last['loss'])}" in training
+        assert f"grad norm pre-clip (log) {number(last['grad_norm'])}" in training
+        assert "val_loss" in training
+        assert "lr (log) 0.1" in training
+        timing = plain(app.query_one(TimingPane))
+        assert "ex/s" in timing
+        assert "wait" in timing
+        assert "cpu" in plain(app.query_one(MemoryPane))
+        assert plain(app.query_one(AlertsPane)) == "no alerts"
+
+
+async def test_replay_refuses_command_keys_and_says_why():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state.status == "finished")
+        for key in ("c", "d", "p", "s"):
+            await pilot.press(key)
+        assert app.notes.count("replay is read-only: commands need a live run (tuiwatch attach)") == 4
+        assert not isinstance(app.screen, ConfirmStop)
+        assert app.state.pending == {}
+
+
+async def test_keys_change_the_window_full_screen_help_and_quit():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state.status == "finished")
+        training = app.query_one(TrainingPane)
+        await pilot.press("w")
+        await pilot.pause(0.1)
+        assert training.window == 1000
+        assert "last 1,000 steps" in plain(training)
+        await pilot.press("w", "w")
+        assert app.window_index == 0
+        await pilot.press("tab")
+        assert isinstance(app.focused, Pane)
+        assert app.focused is not training
+        await pilot.press("f")
+        assert app.screen.maximized is app.focused
+        await pilot.press("f")
+        assert app.screen.maximized is None
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.press("q")
+    assert app.return_code == 0
+
+
+async def test_a_disconnected_run_without_end_record():
+    app = RecordingApp(FileSource(LEDGERS / "killed.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state.status == "disconnected", what="disconnected")
+
+
+async def test_alerts_are_shown_newest_first_with_their_next_check():
+    app = RecordingApp(FileSource(LEDGERS / "alerts.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.status == "finished")
+        await pilot.pause(0.1)
+        lines = plain(app.query_one(AlertsPane)).splitlines()
+        assert lines[0].startswith("crit    120 nonfinite: first at step 120")
+        assert lines[1].strip() == "→ fix that boundary; dump saved"
+        assert lines[2].startswith("warn     60 loss-spike:")
+
+
+async def test_strings_from_a_run_are_shown_literally(tmp_path: Path):
+    hostile = "[bold red]pwn[/]\x1b]52;c;aGVsbG8=\x07\x1b[2J"
+    records = [
+        {"kind": "run", "t": 1.0, "name": hostile, "run_id": "x", "host": "h"},
+        {"kind": "step", "t": 2.0, "step": 0, hostile: 0.5, "lr": [0.1]},
+        {"kind": "alert", "t": 2.0, "rule": "loss-spike", "severity": "warning", "step": 0, "message": hostile},
+    ]
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.step == 0)
+        await pilot.pause(0.1)
+        shown = [plain(app.query_one(TrainingPane)), plain(app.query_one(AlertsPane))]
+        shown.append(app.query_one(HeaderBar).render().plain)  # type: ignore[union-attr]
+        for text in shown:
+            assert "[bold red]pwn[/]" in text
+            assert "\x1b" not in text
+            assert "\x07" not in text
+        svg = app.export_screenshot()  # what the terminal would be sent, as text
+        assert "\x1b" not in svg
+        assert "\x07" not in svg
+        assert "red]pwn[/]" in svg  # the markup is printed, not applied (the SVG writes spaces as &#160;)
+
+
+async def test_live_run_status_goes_live_disconnected_live_finished(tmp_path: Path, socket_dir: Path):
+    args = ("--name", "livetest", "--steps", "100000", "--step-sleep", "0.005", "--samples", "4096")
+    first = start_training(tmp_path / "a", socket_dir, *args)
+    path = wait_until(lambda: next(iter(list_sockets(socket_dir)), None), what="socket").path
+    source = SocketSource(path, "livetest", lambda name: find_socket_by_name(name, socket_dir))
+    app = RecordingApp(source)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.state.status == "live" and (app.state.step or 0) > 20, what="live steps")
+        await pilot.pause(0.1)
+        header = app.query_one(HeaderBar).render().plain  # type: ignore[union-attr]
+        shown_step = int(header.split("step ")[1].split()[0].replace(",", ""))
+        assert 20 < shown_step <= (app.state.step or 0)
+
+        await pilot.press("s")
+        assert isinstance(app.screen, ConfirmStop)
+        await pilot.press("y")
+        await until(pilot, lambda: any("stop failed" in a.message for a in app.state.alerts), what="the reply")
+        assert app.state.pending == {}
+
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        await until(pilot, lambda: app.state.status == "disconnected", timeout=1.0, what="disconnected within 1 s")
+
+        os.unlink(path)  # a killed run leaves its socket file behind; the next run cleans up too
+        second = start_training(tmp_path / "b", socket_dir, "--name", "livetest", "--steps", "150")
+        await until(pilot, lambda: app.state.status == "live" and app.state.run.get("pid") == second.pid,
+                    what="reconnected to the restarted run")  # fmt: skip
+        await until(pilot, lambda: app.state.status == "finished", what="the second run to finish")
+        steps = [r["step"] for r in read_ledger(next((tmp_path / "b").glob("*/ledger.jsonl"))) if r["kind"] == "step"]
+        assert app.state.step == steps[-1]
+        assert app.state.metrics["loss"].count == len(steps)
+        finish(second)

@@ -1,0 +1,42 @@
+"""Helpers for driving the real app in tests."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Group
+from rich.text import Text
+from textual.pilot import Pilot
+
+from tuiwatch.viewer.app import TuiwatchApp
+from tuiwatch.viewer.panes.base import Pane
+
+FIXED_NOW = 1_796_230_000.0
+
+
+class RecordingApp(TuiwatchApp):
+    """The real app, remembering the notifications it showed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.notes: list[str] = []
+
+    def notify(self, message: str, **kwargs: Any) -> None:  # type: ignore[override]
+        self.notes.append(message)
+        super().notify(message, **kwargs)
+
+
+def plain(widget: Pane) -> str:
+    """What a pane draws, as plain text."""
+    rendered = widget.render()
+    parts = rendered.renderables if isinstance(rendered, Group) else [rendered]
+    return "\n".join(p.plain for p in parts if isinstance(p, Text))
+
+
+async def until(pilot: Pilot[Any], predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await pilot.pause(0.02)

@@ -1,0 +1,34 @@
+"""``tuiwatch report PATH``: a text summary of a ledger for logs and CI."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import orjson
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="print a summary of a run",
+        description="Summarise a ledger (a ledger.jsonl file or a run directory): steps, duration, "
+        "final and best loss, alerts by rule, data-wait share, peak memory.",
+    )
+    p.add_argument("path", help="ledger.jsonl or a run directory")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tuiwatch.ledger.reader import read_ledger
+    from tuiwatch.report import as_text, summarize
+
+    reader = read_ledger(args.path)
+    records = list(reader)
+    summary = summarize(records, reader.skipped)
+    if args.json:
+        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+    else:
+        print(as_text(summary))
+    return 0

@@ -1,0 +1,102 @@
+"""``tuiwatch report``: a plain summary of a ledger, for logs and CI. Pure: no torch, no Textual."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from tuiwatch.ledger.records import Record
+
+
+def summarize(records: Iterable[Record], skipped: int = 0) -> dict[str, Any]:
+    run: Record = {}
+    end: Record | None = None
+    steps = 0
+    first_t = last_t = None
+    final_loss = best_loss = None
+    best_step = None
+    wait = compute = 0.0
+    peak_mem = peak_rss = None
+    alerts: dict[str, dict[str, Any]] = {}
+    evals = 0
+    nonfinite_steps = 0
+    for r in records:
+        kind = r.get("kind")
+        t = r.get("t")
+        if isinstance(t, int | float):
+            first_t = t if first_t is None else first_t
+            last_t = t
+        if kind == "run":
+            run = r
+        elif kind == "step":
+            steps += 1
+            loss = r.get("loss")
+            if isinstance(loss, int | float):
+                final_loss = loss
+                if math.isfinite(loss) and (best_loss is None or loss < best_loss):
+                    best_loss, best_step = loss, r.get("step")
+            wait += r.get("data_wait_s") or 0.0
+            compute += r.get("compute_s") or 0.0
+            peak = r.get("mem_peak")
+            if isinstance(peak, int | float):
+                peak_mem = max(peak_mem or 0, peak)
+            finite = r.get("finite")
+            if isinstance(finite, dict) and False in finite.values():
+                nonfinite_steps += 1
+        elif kind == "eval":
+            evals += 1
+        elif kind == "system":
+            rss = r.get("rss")
+            if isinstance(rss, int | float):
+                peak_rss = max(peak_rss or 0, rss)
+        elif kind == "alert":
+            rule = str(r.get("rule"))
+            entry = alerts.setdefault(rule, {"count": 0, "first_step": r.get("step"), "severity": r.get("severity")})
+            entry["count"] += 1
+        elif kind == "end":
+            end = r
+    total = wait + compute
+    return {
+        "name": run.get("name"),
+        "run_id": run.get("run_id"),
+        "steps": steps,
+        "evals": evals,
+        "duration_s": None if first_t is None or last_t is None else last_t - first_t,
+        "final_loss": final_loss,
+        "best_loss": best_loss,
+        "best_step": best_step,
+        "data_wait_share": wait / total if total > 0 else None,
+        "peak_mem_bytes": peak_mem,
+        "peak_rss_bytes": peak_rss,
+        "nonfinite_steps": nonfinite_steps,
+        "alerts": alerts,
+        "end": None if end is None else end.get("reason"),
+        "skipped_lines": skipped,
+    }
+
+
+def as_text(summary: dict[str, Any]) -> str:
+    from tuiwatch.viewer.render.text import duration, number, safe, size
+
+    share = summary["data_wait_share"]
+    best_step = summary["best_step"]
+    lines = [
+        f"run        {safe(summary['name'])} ({summary['run_id']})",
+        f"end        {summary['end'] or 'no end record (the run was killed or is still going)'}",
+        f"steps      {summary['steps']} in {duration(summary['duration_s'])}, {summary['evals']} evals",
+        f"loss       final {number(summary['final_loss'])}, best {number(summary['best_loss'])}"
+        f" at step {'-' if best_step is None else best_step}",
+        f"data wait  {'-' if share is None else f'{share:.1%}'} of step time",
+        f"memory     peak allocated {size(summary['peak_mem_bytes'])}, peak RSS {size(summary['peak_rss_bytes'])}",
+        f"nonfinite  {summary['nonfinite_steps']} steps",
+    ]
+    if summary["alerts"]:
+        lines.append("alerts")
+        for rule, a in sorted(summary["alerts"].items(), key=lambda kv: kv[1]["first_step"] or 0):
+            lines.append(f"  {safe(rule, 30):<16} {a['severity']:<8} x{a['count']}  first at step {a['first_step']}")
+    else:
+        lines.append("alerts     none")
+    if summary["skipped_lines"]:
+        lines.append(f"skipped    {summary['skipped_lines']} unreadable lines (a torn last line after a crash)")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The viewer: a Textual app fed by a source. Textual yes, torch never."""

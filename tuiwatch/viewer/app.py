@@ -1,0 +1,157 @@
+"""The viewer app: one source in, one RunState, four panes, keys that send commands."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer
+
+from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
+from tuiwatch.viewer.panes.alerts import AlertsPane
+from tuiwatch.viewer.panes.base import WINDOWS, Pane, window_label
+from tuiwatch.viewer.panes.memory import MemoryPane
+from tuiwatch.viewer.panes.timing import TimingPane
+from tuiwatch.viewer.panes.training import TrainingPane
+from tuiwatch.viewer.render.text import safe
+from tuiwatch.viewer.sources import Source
+from tuiwatch.viewer.state import RunState
+from tuiwatch.viewer.widgets import ConfirmStop, HeaderBar, HelpScreen, header_text
+
+READ_ONLY = "replay is read-only: commands need a live run (tuiwatch attach)"
+
+
+class TuiwatchApp(App[None]):
+    CSS_PATH = Path(__file__).with_name("tuiwatch.tcss")
+    TITLE = "tuiwatch"
+    BINDINGS = [
+        Binding("c", "checkpoint", "checkpoint"),
+        Binding("d", "dump", "dump"),
+        Binding("p", "pause", "pause"),
+        Binding("s", "stop", "stop"),
+        Binding("w", "window", "window"),
+        Binding("f", "fullscreen", "full"),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(self, source: Source, *, clock: Callable[[], float] = time.time, refresh_s: float = 0.05):
+        super().__init__()
+        self.source = source
+        self.clock = clock
+        self.refresh_s = refresh_s
+        self.state = RunState()
+        self.window_index = 0
+        self._dirty = True
+        self._ids = itertools.count(1)
+        self.mode = "live" if source.live else "replay"
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        with Horizontal(id="body"):
+            yield TrainingPane()
+            with Vertical(id="side"):
+                yield TimingPane()
+                yield MemoryPane()
+                yield AlertsPane()
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(TrainingPane).focus()
+        self.set_interval(self.refresh_s, self.redraw)
+        self.source.start(self.post_message)
+        self.redraw(force=True)
+
+    def on_unmount(self) -> None:
+        self.source.stop()
+
+    # --- records in ----------------------------------------------------------------
+
+    def on_records_received(self, message: RecordsReceived) -> None:
+        self.state.apply_all(message.records)
+        self._dirty = True
+
+    def on_source_connected(self, message: SourceConnected) -> None:
+        # Every connection replays the run from its first record: start clean,
+        # so nothing is counted twice across a reconnect.
+        self.state = RunState()
+        self._dirty = True
+
+    def on_source_disconnected(self, message: SourceDisconnected) -> None:
+        was = self.state.status
+        self.state.disconnected()
+        self._dirty = True
+        if was not in ("finished", "stopped"):
+            self.notify(safe(message.reason), title="disconnected", severity="warning", markup=False)
+
+    def on_source_ended(self, message: SourceEnded) -> None:
+        if self.state.status in ("live", "paused", "degraded", "connecting"):
+            self.state.disconnected()  # the ledger ends without an end record: the run died
+        self._dirty = True
+
+    def redraw(self, force: bool = False) -> None:
+        """Push the state down to the panes (at most every refresh_s, and once a second for the clock)."""
+        now = self.clock()
+        if not (self._dirty or force or int(now) != int(getattr(self, "_last_draw", 0))):
+            return
+        self._dirty = False
+        self._last_draw = now
+        window = WINDOWS[self.window_index]
+        self.query_one(HeaderBar).update(header_text(self.state, now, self.mode))
+        for pane in self.query(Pane):
+            pane.show(self.state, window, now)
+
+    # --- keys ----------------------------------------------------------------------
+
+    def _send(self, cmd: str) -> None:
+        if not self.source.live:
+            self.notify(READ_ONLY, severity="warning", markup=False)
+            return
+        cmd_id = next(self._ids)
+        if not self.source.send(cmd, cmd_id):
+            self.notify(f"{cmd}: not sent, the run is not connected", severity="error", markup=False)
+            return
+        self.state.command_sent(cmd_id, cmd, self.clock())
+        self.notify(f"{cmd} sent", markup=False)
+        self._dirty = True
+
+    def action_checkpoint(self) -> None:
+        self._send("checkpoint")
+
+    def action_dump(self) -> None:
+        self._send("dump")
+
+    def action_pause(self) -> None:
+        self._send("resume" if self.state.status == "paused" else "pause")
+
+    def action_stop(self) -> None:
+        if not self.source.live:
+            self.notify(READ_ONLY, severity="warning", markup=False)
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._send("stop")
+
+        self.push_screen(ConfirmStop(self.state.name), answered)
+
+    def action_window(self) -> None:
+        self.window_index = (self.window_index + 1) % len(WINDOWS)
+        self.notify(f"charts: {window_label(WINDOWS[self.window_index])}", timeout=1.5, markup=False)
+        self.redraw(force=True)
+
+    def action_fullscreen(self) -> None:
+        if self.screen.maximized is not None:
+            self.screen.minimize()
+            return
+        focused = self.focused
+        pane = focused if isinstance(focused, Pane) else self.query_one(TrainingPane)
+        self.screen.maximize(pane)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())

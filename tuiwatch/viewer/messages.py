@@ -1,0 +1,33 @@
+"""The few messages a source posts to the app (thread-safe through ``post_message``)."""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+from tuiwatch.ledger.records import Record
+
+
+class RecordsReceived(Message):
+    """A batch of records, in ledger order."""
+
+    def __init__(self, records: list[Record]) -> None:
+        super().__init__()
+        self.records = records
+
+
+class SourceConnected(Message):
+    """A (re)connection: the stream starts again at the run record."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__()
+        self.label = label
+
+
+class SourceDisconnected(Message):
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+
+class SourceEnded(Message):
+    """A finite source (a ledger file without --follow) has given everything it has."""

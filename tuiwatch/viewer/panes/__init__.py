@@ -1,0 +1,1 @@
+"""One widget per pane: data in as attributes (``show``), no sockets or files inside."""

@@ -1,0 +1,258 @@
+"""The viewer's only I/O: where records come from, and where commands go.
+
+A source runs its reading on a thread of its own and posts messages to the
+app (``post_message`` is thread-safe). Records are posted in batches, at most
+every ``BATCH_S``, so that a run writing 10,000 records a second costs the
+app a few messages a second, not ten thousand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Protocol
+
+from textual.message import Message
+
+from tuiwatch.ledger.codec import DecodeError, decode
+from tuiwatch.ledger.reader import ledger_path
+from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.wire import LineSplitter, ProtocolError, command_line
+from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
+
+BATCH_S = 0.03
+MAX_LINE = 1 << 20  # a record longer than this is a broken or hostile peer
+Post = Callable[[Message], object]
+
+
+class Source(Protocol):
+    label: str
+    live: bool  # commands can be sent
+
+    def start(self, post: Post) -> None: ...
+    def send(self, cmd: str, cmd_id: int) -> bool: ...
+    def stop(self) -> None: ...
+
+
+class _Batcher:
+    """Collects decoded records and posts them at most every BATCH_S."""
+
+    def __init__(self, post: Post):
+        self.post = post
+        self.splitter = LineSplitter(MAX_LINE)
+        self.pending: list[Record] = []
+        self.last_post = time.monotonic()
+
+    def feed(self, data: bytes) -> None:
+        for line in self.splitter.feed(data):  # ProtocolError ends the stream
+            if not line.strip():
+                continue
+            try:
+                self.pending.append(decode(line))
+            except DecodeError:
+                continue
+
+    def flush(self, force: bool = False) -> None:
+        if self.pending and (force or time.monotonic() - self.last_post >= BATCH_S):
+            self.post(RecordsReceived(self.pending))
+            self.pending = []
+            self.last_post = time.monotonic()
+
+
+class SocketSource:
+    """A live run on this host; reconnects (with back-off) when a run of the same name comes back."""
+
+    live = True
+
+    def __init__(self, path: Path, name: str | None, find: Callable[[str], Path | None] | None = None):
+        self.path = path
+        self.name = name
+        self.label = str(path)
+        self._find = find
+        self._sock: socket.socket | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def start(self, post: Post) -> None:
+        threading.Thread(target=self._run, args=(post,), name="tuiwatch-source", daemon=True).start()
+
+    def _run(self, post: Post) -> None:
+        delay = 0.1
+        while not self._stop.is_set():
+            sock = self._connect()
+            if sock is None:
+                self._stop.wait(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = 0.1
+            post(SourceConnected(self.label))
+            reason = self._read(sock, post)
+            with self._lock:
+                self._sock = None
+            sock.close()
+            if self._stop.is_set():
+                return
+            post(SourceDisconnected(reason))
+
+    def _connect(self) -> socket.socket | None:
+        path = self.path
+        if self._find is not None and self.name and not path.exists():
+            path = self._find(self.name) or path
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(str(path))
+        except OSError:
+            sock.close()
+            return None
+        self.path, self.label = path, str(path)
+        with self._lock:
+            self._sock = sock
+        return sock
+
+    def _read(self, sock: socket.socket, post: Post) -> str:
+        batcher = _Batcher(post)
+        sock.settimeout(BATCH_S)
+        try:
+            while not self._stop.is_set():
+                try:
+                    data = sock.recv(1 << 16)
+                except TimeoutError:
+                    batcher.flush(force=True)
+                    continue
+                if not data:
+                    return "the run closed the connection"
+                batcher.feed(data)
+                batcher.flush()
+        except ProtocolError:
+            return "the run sent a line over 1 MiB"
+        except OSError as exc:
+            return f"connection lost: {exc.strerror or exc}"
+        finally:
+            batcher.flush(force=True)
+        return "stopped"
+
+    def send(self, cmd: str, cmd_id: int) -> bool:
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                return False
+            try:
+                sock.sendall(command_line(cmd, cmd_id))
+            except OSError:
+                return False
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
+
+
+class FileSource:
+    """A ledger file: read once (replay), or followed as it grows (``--follow``)."""
+
+    live = False
+
+    def __init__(self, path: str | Path, follow: bool = False, poll_s: float = 0.1):
+        self.path = ledger_path(path)
+        self.label = str(self.path)
+        self.follow = follow
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+
+    def start(self, post: Post) -> None:
+        threading.Thread(target=self._run, args=(post,), name="tuiwatch-file", daemon=True).start()
+
+    def _run(self, post: Post) -> None:
+        post(SourceConnected(self.label))
+        batcher = _Batcher(post)
+        try:
+            with open(self.path, "rb") as f:
+                while not self._stop.is_set():
+                    data = f.read(1 << 20)
+                    if data:
+                        batcher.feed(data)
+                        batcher.flush()
+                        continue
+                    batcher.flush(force=True)
+                    if not self.follow:
+                        break
+                    self._stop.wait(self.poll_s)
+        except (OSError, ProtocolError) as exc:
+            batcher.flush(force=True)
+            post(SourceDisconnected(f"cannot read {self.path}: {exc}"))
+            return
+        post(SourceEnded())
+
+    def send(self, cmd: str, cmd_id: int) -> bool:
+        return False
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class CommandSource:
+    """A command that speaks the wire protocol on stdin/stdout, e.g. ``ssh host tuiwatch relay name``."""
+
+    live = True
+
+    def __init__(self, argv: list[str], label: str | None = None):
+        self.argv = argv
+        self.label = label or " ".join(argv)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def start(self, post: Post) -> None:
+        threading.Thread(target=self._run, args=(post,), name="tuiwatch-command", daemon=True).start()
+
+    def _run(self, post: Post) -> None:
+        try:
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            post(SourceDisconnected(f"cannot run {self.argv[0]}: {exc.strerror or exc}"))
+            return
+        self._proc = proc
+        post(SourceConnected(self.label))
+        batcher = _Batcher(post)
+        out: IO[bytes] | None = proc.stdout
+        assert out is not None
+        reason = "the relay ended"
+        try:
+            while True:
+                data = os.read(out.fileno(), 1 << 16)
+                if not data:
+                    break
+                batcher.feed(data)
+                batcher.flush()
+        except (OSError, ProtocolError) as exc:
+            reason = f"relay stream broken: {exc}"
+        batcher.flush(force=True)
+        proc.wait()
+        err = proc.stderr.read().decode(errors="replace").strip().splitlines() if proc.stderr else []
+        if proc.returncode and err:
+            reason = err[-1]
+        post(SourceDisconnected(reason))
+
+    def send(self, cmd: str, cmd_id: int) -> bool:
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return False
+        with self._lock:
+            try:
+                proc.stdin.write(command_line(cmd, cmd_id))
+                proc.stdin.flush()
+            except OSError:
+                return False
+        return True
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
