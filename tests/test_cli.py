@@ -77,7 +77,7 @@ def test_demo_cnn_trains(tmp_path: Path, socket_dir: Path):
 
 
 def test_help_is_there_for_every_command(socket_dir: Path):
-    for args in ((), ("ls",), ("demo",)):
+    for args in ((), ("ls",), ("demo",), ("attach",), ("replay",), ("report",)):
         out = tw(socket_dir, *args, "--help")
         assert out.returncode == 0
         assert out.stdout.startswith("usage: tuiwatch")
@@ -90,3 +90,51 @@ def test_usage_errors_are_one_line(socket_dir: Path):
         out.stderr.strip() == "tuiwatch demo: error: argument --steps: must be at least 1, got 0 "
         "(see 'tuiwatch demo --help')"
     )
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "ledgers"
+
+
+def test_report_summarises_a_ledger_as_text_and_json(socket_dir: Path):
+    text = tw(socket_dir, "report", str(FIXTURES / "alerts.jsonl"))
+    assert text.returncode == 0
+    lines = text.stdout.splitlines()
+    assert lines[0].startswith("run        demo-mlp (")
+    assert "end        nonfinite" in lines
+    assert "steps      121 in" in text.stdout
+    assert any(line.split()[:4] == ["loss-spike", "warning", "x1", "first"] for line in lines)
+    summary = json.loads(tw(socket_dir, "report", "--json", str(FIXTURES / "healthy.jsonl")).stdout)
+    steps = [json.loads(line) for line in (FIXTURES / "healthy.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["kind"] == "step"]
+    assert summary["steps"] == 150
+    assert summary["end"] == "finished"
+    assert summary["alerts"] == {}
+    assert summary["final_loss"] == steps[-1]["loss"]
+    assert summary["best_loss"] == min(s["loss"] for s in steps)
+    assert 0 < summary["data_wait_share"] < 1
+
+
+def test_viewer_commands_fail_in_one_line(socket_dir: Path, tmp_path: Path):
+    cases = {
+        ("replay", str(tmp_path / "nope")): f"tuiwatch: error: no ledger at {tmp_path / 'nope'}: give a ledger.jsonl "
+        "file or a run directory",
+        ("attach",): "tuiwatch: error: no live runs on this host: start one (tuiwatch demo --no-viewer) or replay a "
+        "ledger",
+        ("attach", "resnet"): "tuiwatch: error: no live runs on this host: start one (tuiwatch demo --no-viewer) or "
+        "replay a ledger",
+        ("attach", str(tmp_path / "x.sock")): f"tuiwatch: error: no socket at {tmp_path / 'x.sock'}: is the run "
+        "still going? (tuiwatch ls lists live runs)",
+    }
+    for args, message in cases.items():
+        out = tw(socket_dir, *args)
+        assert out.returncode == 1
+        assert out.stderr.strip() == message
+
+
+def test_attach_names_the_live_runs_when_the_name_is_wrong(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--name", "resnet", "--steps", "400", "--step-sleep", "0.005")
+    wait_until(lambda: next(iter(socket_dir.glob("*.sock")), None), what="socket")
+    out = tw(socket_dir, "attach", "bert")
+    assert out.returncode == 1
+    assert out.stderr.strip() == f"tuiwatch: error: no live run named 'bert'; live runs: resnet (pid {proc.pid})"
+    finish(proc)

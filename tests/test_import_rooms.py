@@ -45,3 +45,22 @@ def test_the_publisher_loads_torch_but_never_textual():
 
 def test_ls_help_does_not_import_torch():
     assert loaded_after(["tuiwatch.cli.main"], "from tuiwatch.cli.main import build_parser; build_parser()") == set()
+
+
+def test_the_viewer_loads_textual_but_never_torch():
+    assert loaded_after(["tuiwatch.viewer.app", "tuiwatch.cli.attach", "tuiwatch.viewer.picker"]) == {"textual"}
+
+
+def test_attach_help_does_not_import_torch():
+    extra = """
+from tuiwatch.cli.main import main
+try:
+    main(["attach", "--help"])
+except SystemExit:
+    pass
+"""
+    assert "torch" not in loaded_after(["tuiwatch.cli.main"], extra)
+
+
+def test_the_pure_viewer_parts_load_neither():
+    assert loaded_after(["tuiwatch.viewer.state", "tuiwatch.viewer.render.chart", "tuiwatch.report"]) == set()

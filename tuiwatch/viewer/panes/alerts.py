@@ -9,6 +9,7 @@ from tuiwatch.viewer.panes.base import Pane
 from tuiwatch.viewer.render.text import safe
 
 SEVERITY_STYLE = {"critical": "bold white on red", "warning": "bold yellow", "info": "cyan"}
+MAX_MESSAGE = 400
 
 
 class AlertsPane(Pane):
@@ -16,22 +17,20 @@ class AlertsPane(Pane):
         super().__init__("alerts", id="alerts")
 
     def render(self) -> RenderableType:
-        width, height = self.content_region.width, self.content_region.height
         alerts = list(self.state.alerts)
         if not alerts:
             return Text("no alerts", style="dim")
         rows: list[Text] = []
-        for alert in alerts:
-            if len(rows) >= height:
-                break
+        # The newest alert is read whole (messages wrap); the pane clips what
+        # does not fit below it.
+        for alert in alerts[: self.content_region.height]:
             line = Text()
             line.append(f"{alert.severity[:4]:<4}", style=SEVERITY_STYLE.get(alert.severity, ""))
             line.append(f" {'-' if alert.step is None else alert.step:>6} ", style="dim")
             if alert.rule and alert.rule != "command":
                 line.append(f"{safe(alert.rule, 24)}: ", style="bold")
-            line.append(safe(alert.message, max(width * 2, 40)))
-            line.truncate(width, overflow="ellipsis")
+            line.append(safe(alert.message, MAX_MESSAGE))
             rows.append(line)
-            if alert.next_check and len(rows) < height:
-                rows.append(Text(f"{'':11}→ {safe(alert.next_check, width)}", style="dim", overflow="ellipsis"))
+            if alert.next_check:
+                rows.append(Text(f"  → {safe(alert.next_check, MAX_MESSAGE)}", style="dim"))
         return Group(*rows)

@@ -1,0 +1,81 @@
+"""The viewer in a real terminal: tmux runs the demo in one pane and ``tuiwatch attach`` in another."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.viewer.render.text import number
+
+from .helpers import wait_until
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+HEADER = re.compile(r"tuiwatch\s+(\S+)@\S+\s+step ([\d,]+)")
+LOSS = re.compile(r"│ loss (\S+)")
+
+
+@pytest.fixture
+def tmux(socket_dir: Path) -> Iterator[list[str]]:
+    server = ["tmux", "-L", f"tuiwatch-test-{os.getpid()}", "-f", "/dev/null"]
+    yield server
+    subprocess.run([*server, "kill-server"], capture_output=True)
+
+
+def _capture(tmux: list[str], pane: str) -> str:
+    return subprocess.run([*tmux, "capture-pane", "-p", "-t", pane], capture_output=True, text=True).stdout
+
+
+def _panes(tmux: list[str]) -> list[str]:
+    out = subprocess.run([*tmux, "list-panes", "-t", "e2e", "-F", "#{pane_id}"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def _frame(tmux: list[str], pane: str) -> tuple[int, str] | None:
+    screen = _capture(tmux, pane)
+    header, loss = HEADER.search(screen), LOSS.search(screen)
+    if header is None or loss is None:
+        return None
+    return int(header.group(2).replace(",", "")), loss.group(1)
+
+
+def _ledger_steps(run_root: Path) -> dict[int, float]:
+    ledger = next(run_root.glob("*/ledger.jsonl"), None)
+    if ledger is None:
+        return {}
+    return {r["step"]: r["loss"] for r in read_ledger(ledger) if r["kind"] == "step"}
+
+
+def test_attach_shows_the_run_live_and_q_leaves_the_run_running(tmux: list[str], socket_dir: Path, tmp_path: Path):
+    run_root = tmp_path / "runs"
+    env = f"env TUIWATCH_DIR={socket_dir} TERM=xterm-256color"
+    demo = f"{env} {sys.executable} -m tuiwatch demo --no-viewer --steps 100000 --delay 0.02 --run-dir {run_root}"
+    attach = f"{env} {sys.executable} -m tuiwatch attach demo-mlp"
+    subprocess.run([*tmux, "new-session", "-d", "-s", "e2e", "-x", "220", "-y", "40", demo], check=True)
+    wait_until(lambda: _ledger_steps(run_root), what="the demo's first steps")
+    subprocess.run([*tmux, "split-window", "-h", "-t", "e2e", attach], check=True)
+    viewer = _panes(tmux)[-1]
+
+    first = wait_until(lambda: _frame(tmux, viewer), timeout=30, what="the viewer's first frame")
+    later = wait_until(lambda: (f := _frame(tmux, viewer)) and f[0] > first[0] + 5 and f, what="the step to advance")
+    assert later[0] > first[0]
+
+    # The loss on screen is the ledger's loss at the step the screen shows.
+    def consistent() -> bool:
+        frame = _frame(tmux, viewer)
+        steps = _ledger_steps(run_root)
+        return frame is not None and frame[0] in steps and number(steps[frame[0]]) == frame[1]
+
+    wait_until(consistent, what="a frame whose loss matches the ledger")
+
+    subprocess.run([*tmux, "send-keys", "-t", viewer, "q"], check=True)
+    wait_until(lambda: viewer not in _panes(tmux), what="the viewer to quit")
+    steps_at_quit = max(_ledger_steps(run_root))
+    wait_until(lambda: max(_ledger_steps(run_root)) > steps_at_quit + 5, what="the run to go on after q")
