@@ -64,8 +64,11 @@ def test_attach_shows_the_run_live_and_q_leaves_the_run_running(tmux: list[str],
     viewer = _panes(tmux)[-1]
 
     first = wait_until(lambda: _frame(tmux, viewer), timeout=30, what="the viewer's first frame")
-    later = wait_until(lambda: (f := _frame(tmux, viewer)) and f[0] > first[0] + 5 and f, what="the step to advance")
-    assert later[0] > first[0]
+    def advanced() -> tuple[int, str] | None:
+        frame = _frame(tmux, viewer)
+        return frame if frame is not None and frame[0] > first[0] + 5 else None
+
+    assert wait_until(advanced, what="the step to advance")[0] > first[0]
 
     # The loss on screen is the ledger's loss at the step the screen shows.
     def consistent() -> bool:
