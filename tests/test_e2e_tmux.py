@@ -64,6 +64,7 @@ def test_attach_shows_the_run_live_and_q_leaves_the_run_running(tmux: list[str],
     viewer = _panes(tmux)[-1]
 
     first = wait_until(lambda: _frame(tmux, viewer), timeout=30, what="the viewer's first frame")
+
     def advanced() -> tuple[int, str] | None:
         frame = _frame(tmux, viewer)
         return frame if frame is not None and frame[0] > first[0] + 5 else None
