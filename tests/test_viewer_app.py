@@ -152,9 +152,10 @@ async def test_live_run_status_goes_live_disconnected_live_finished(tmp_path: Pa
         await until(pilot, lambda: app.state.status == "disconnected", timeout=1.0, what="disconnected within 1 s")
 
         os.unlink(path)  # a killed run leaves its socket file behind; the next run cleans up too
-        second = start_training(tmp_path / "b", socket_dir, "--name", "livetest", "--steps", "150")
-        await until(pilot, lambda: app.state.status == "live" and app.state.run.get("pid") == second.pid,
-                    what="reconnected to the restarted run")  # fmt: skip
+        second = start_training(tmp_path / "b", socket_dir, "--name", "livetest", "--steps", "300", "--step-sleep",
+                                "0.005")  # fmt: skip
+        await until(pilot, lambda: app.state.run.get("pid") == second.pid, what="reconnected to the restarted run")
+        assert app.state.status in ("live", "finished")
         await until(pilot, lambda: app.state.status == "finished", what="the second run to finish")
         steps = [r["step"] for r in read_ledger(next((tmp_path / "b").glob("*/ledger.jsonl"))) if r["kind"] == "step"]
         assert app.state.step == steps[-1]

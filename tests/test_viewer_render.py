@@ -128,3 +128,12 @@ def test_numbers_sizes_and_durations_are_short():
     ]  # fmt: skip
     assert [size(v) for v in (512, 2048, 3 * 1024**3)] == ["512 B", "2.0 KiB", "3.0 GiB"]
     assert [duration(v) for v in (5, 125, 7500, 200000)] == ["5s", "2m05s", "2h05m", "2d07h"]
+
+
+def test_a_nearly_flat_series_gets_axis_labels_that_differ():
+    series = Series()
+    for step in range(50):
+        series.add(step, 324_000_000 + step * 1000)
+    lines = render_text([series.window(None, 40)], 30, 3)
+    labels = [line.split("┤")[0].strip() for line in lines]
+    assert labels == ["324.05M", "324.02M", "324M"]

@@ -221,7 +221,7 @@ class RunState:
 
 
 def _is_number(value: Any) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return type(value) is float or type(value) is int  # bool is not a number here
 
 
 _HANDLERS = {

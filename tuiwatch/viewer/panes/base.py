@@ -46,7 +46,13 @@ def chart_lines(
     lines = []
     for label, row in zip(axis_labels(p, height), p.rows, strict=True):
         line = Text(label, style="dim")
+        # One append per run of cells of the same series, not one per cell.
+        run_owner, run_chars = row[0][1], []
         for ch, owner in row:
-            line.append(ch, style=series[owner][1] if owner >= 0 else "")
+            if owner != run_owner:
+                line.append("".join(run_chars), style=series[run_owner][1] if run_owner >= 0 else "")
+                run_owner, run_chars = owner, []
+            run_chars.append(ch)
+        line.append("".join(run_chars), style=series[run_owner][1] if run_owner >= 0 else "")
         lines.append(line)
     return lines

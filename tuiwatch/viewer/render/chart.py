@@ -105,9 +105,15 @@ def axis_labels(p: Plot, height: int) -> list[str]:
     """Left labels: the top value on the first row, the bottom on the last, one in the middle."""
     labels = [""] * height
 
-    def at(frac: float) -> str:
+    def value(frac: float) -> float:
         v = p.hi - frac * (p.hi - p.lo)
-        return number(10**v if p.log else v, 3)
+        return 10**v if p.log else v
+
+    # Enough digits that the top and bottom labels differ (a nearly flat series).
+    digits = next((d for d in range(3, 9) if number(value(0.0), d) != number(value(1.0), d)), 3)
+
+    def at(frac: float) -> str:
+        return number(value(frac), digits)
 
     labels[0] = at(0.0)
     if height >= 3:

@@ -40,7 +40,7 @@ def number(value: float | int | None, digits: int = 4) -> str:
     if a >= 1e5:
         for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
             if a >= scale:
-                return f"{v / scale:.3g}{unit}"
+                return f"{v / scale:.{max(digits - 1, 3)}g}{unit}"
     if a < 1e-3:
         return f"{v:.{max(digits - 2, 1)}e}"
     return f"{v:.{digits}g}"
