@@ -47,7 +47,7 @@ def chart_lines(
     for label, row in zip(axis_labels(p, height), p.rows, strict=True):
         line = Text(label, style="dim")
         # One append per run of cells of the same series, not one per cell.
-        run_owner, run_chars = row[0][1], []
+        run_owner, run_chars = row[0][1], list[str]()
         for ch, owner in row:
             if owner != run_owner:
                 line.append("".join(run_chars), style=series[run_owner][1] if run_owner >= 0 else "")
