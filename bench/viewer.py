@@ -50,6 +50,14 @@ def produce(path: str, rate: int, seconds: float, ready: Any) -> None:
     server.listen(1)
     ready.set()
     conn, _ = server.accept()
+    try:
+        _stream(conn, rate, seconds)
+    except BrokenPipeError:
+        pass  # the viewer went away first (the cold-start check exits after one frame)
+    conn.close()
+
+
+def _stream(conn: socket.socket, rate: int, seconds: float) -> None:
     conn.sendall(orjson.dumps(RUN) + b"\n")
     start = time.monotonic()
     step = 0
@@ -60,7 +68,6 @@ def produce(path: str, rate: int, seconds: float, ready: Any) -> None:
             step = due
         time.sleep(0.01)  # pacing the producer, not synchronising
     conn.sendall(orjson.dumps({"kind": "end", "t": time.time(), "reason": "finished"}) + b"\n")
-    conn.close()
 
 
 COLD = """

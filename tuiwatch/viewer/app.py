@@ -40,7 +40,7 @@ class TuiwatchApp(App[None]):
         Binding("q", "quit", "quit"),
     ]
 
-    def __init__(self, source: Source, *, clock: Callable[[], float] = time.time, refresh_s: float = 0.1):
+    def __init__(self, source: Source, *, clock: Callable[[], float] = time.time, refresh_s: float = 0.05):
         super().__init__()
         self.source = source
         self.clock = clock
