@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import socket
@@ -50,10 +51,9 @@ def produce(path: str, rate: int, seconds: float, ready: Any) -> None:
     server.listen(1)
     ready.set()
     conn, _ = server.accept()
-    try:
+    # The viewer may go away first: the cold-start check exits after one frame.
+    with contextlib.suppress(BrokenPipeError):
         _stream(conn, rate, seconds)
-    except BrokenPipeError:
-        pass  # the viewer went away first (the cold-start check exits after one frame)
     conn.close()
 
 
