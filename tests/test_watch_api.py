@@ -43,7 +43,12 @@ def test_bad_arguments_are_refused_with_one_line(run_root: Path, socket_dir: Pat
         Watch(model, opt, on_nonfinite="ignore", run_dir=run_root)
     with pytest.raises(TypeError, match=r"needs a torch\.nn\.Module"):
         Watch("model", opt, run_dir=run_root)  # type: ignore[arg-type]
+    (run_root.parent / "file").write_text("")
+    with pytest.raises(tuiwatch.TuiwatchError, match=r"cannot create the run directory .*run_dir=None"):
+        Watch(model, opt, run_dir=run_root.parent / "file")
     with Watch(model, opt, run_dir=run_root) as watch:
+        with pytest.raises(ValueError, match=r"close\(reason=\.\.\.\) must be one of"):
+            watch.close("done")
         with pytest.raises(ValueError, match="'lr' is a field tuiwatch records itself"):
             watch.log(lr=0.1)
         with pytest.raises(ValueError, match=r"needs a scalar, got a tensor of shape \[2\]"):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tuiwatch.ledger.records import FINITE_BOUNDARIES, RUN_FIELDS, STEP_FIELDS
+from tuiwatch.ledger.records import FINITE_BOUNDARIES, RUN_FIELDS, STEP_FIELDS, SYSTEM_FIELDS
 from tuiwatch.ledger.socketdir import list_sockets
 
 from .helpers import finish, ledger_file, load_truth, records, start_training
@@ -111,3 +111,15 @@ def test_interpreter_exit_closes_the_ledger_without_close(run_root: Path, socket
     assert len([r for r in all_records if r["kind"] == "step"]) == 5
     assert all_records[-1]["kind"] == "end"
     assert all_records[-1]["reason"] == "finished"
+
+
+def test_system_records_say_there_is_no_gpu_here(slow_loader_run):
+    path, _, _ = slow_loader_run
+    systems = records(path, "system")
+    assert systems, "the sampler writes one on its first cycle"
+    for r in systems:
+        assert set(SYSTEM_FIELDS) <= set(r)
+        assert r["rss"] > 0
+        assert r["workers"] == 0
+        assert r["gpus"] is None
+        assert r["gpu_error"].startswith("NVML unavailable")

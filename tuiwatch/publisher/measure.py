@@ -65,10 +65,6 @@ def _shape_and_tensors(batch: Any, tensors: list[torch.Tensor]) -> Any:
     return None
 
 
-def batch_shape(batch: Any) -> Any:
-    return _shape_and_tensors(batch, [])
-
-
 class BatchInfo:
     """What the step record says about a batch, measured without a sync."""
 

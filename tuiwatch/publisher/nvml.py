@@ -86,13 +86,3 @@ def sample_gpus() -> tuple[list[dict[str, Any]] | None, str | None]:
             }
         )
     return gpus, None
-
-
-def driver_version() -> str | None:
-    lib = _init()
-    return None if lib is None else _field(lib.nvmlSystemGetDriverVersion)
-
-
-def unavailable_reason() -> str | None:
-    _init()
-    return _state["error"]  # type: ignore[no-any-return]

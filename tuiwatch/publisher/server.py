@@ -94,9 +94,6 @@ class Server:
 
     # --- events -----------------------------------------------------------------
 
-    def owns(self, key: selectors.SelectorKey) -> bool:
-        return key.fd in self._viewers or key.data == self._accept
-
     def handle(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.data == self._accept:
             self._accept()

@@ -20,14 +20,14 @@ from typing import Any, TypeVar
 import torch
 
 from tuiwatch._version import __version__
-from tuiwatch.errors import NonFiniteError, TuiwatchError
+from tuiwatch.errors import NonFiniteError, StopRequested, TuiwatchError
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import LEDGER_NAME
-from tuiwatch.ledger.records import RESERVED_METRIC_NAMES, SCHEMA, Record
+from tuiwatch.ledger.records import END_REASONS, RESERVED_METRIC_NAMES, SCHEMA, Record
 from tuiwatch.ledger.socketdir import ensure_socket_dir, remove_stale_sockets, safe_name, socket_path
 from tuiwatch.ledger.wire import Command, action_record
 from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
-from tuiwatch.publisher.deferred import defer
+from tuiwatch.publisher.deferred import defer, resolve
 from tuiwatch.publisher.loader import iter_with_ids
 from tuiwatch.publisher.measure import BatchInfo, finiteness_probe, first_tensor, total_norm
 from tuiwatch.publisher.pipeline import Pipeline
@@ -57,6 +57,11 @@ def _new_run_dir(root: Path, name: str) -> Path:
         except FileExistsError:
             n += 1
             candidate = base.with_name(f"{base.name}-{n}")
+        except OSError as exc:
+            raise TuiwatchError(
+                f"cannot create the run directory {candidate}: {exc.strerror}; "
+                "give Watch(run_dir=...) a writable directory, or run_dir=None for no ledger file"
+            ) from None
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -441,6 +446,8 @@ class Watch:
 
     def close(self, reason: str = "finished") -> None:
         """Write the ``end`` record and flush; returns within about 2 s even with a hung disk."""
+        if reason not in END_REASONS:
+            raise ValueError(f"close(reason=...) must be one of {', '.join(END_REASONS)}, got {reason!r}")
         if self._closed or self._inert:
             return
         self._end_step(time.perf_counter())
@@ -471,8 +478,6 @@ def _defer_opt(value: Any) -> Any:
 
 
 def _scalar(value: Any) -> float:
-    from tuiwatch.publisher.deferred import resolve
-
     return float(resolve(defer(value) if isinstance(value, torch.Tensor) else value))
 
 
@@ -496,8 +501,6 @@ def _end_reason(exc_type: type[BaseException] | None) -> str:
         return "nonfinite"
     if issubclass(exc_type, KeyboardInterrupt):
         return "stopped"
-    from tuiwatch.errors import StopRequested
-
     return "stopped" if issubclass(exc_type, StopRequested) else "exception"
 
 

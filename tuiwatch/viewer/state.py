@@ -26,7 +26,6 @@ _STEP_INTERNAL = frozenset(
 )  # fmt: skip
 MAX_ALERTS = 200
 MAX_METRICS = 32  # distinct user metrics charted; more are counted, not kept
-STATUSES = ("connecting", "live", "paused", "degraded", "disconnected", "finished", "stopped")
 
 
 @dataclass
