@@ -59,21 +59,24 @@ def test_ls_refuses_an_unsafe_socket_directory_in_one_line(tmp_path: Path):
 
 
 def test_demo_trains_and_writes_a_ledger(tmp_path: Path, socket_dir: Path):
-    out = tw(socket_dir, "demo", "--no-viewer", "--steps", "40", "--delay", "0", "--run-dir", str(tmp_path / "runs"))
+    out = tw(socket_dir, "demo", "--no-viewer", "--steps", "300", "--delay", "0", "--run-dir", str(tmp_path / "runs"))
     assert out.returncode == 0, out.stderr
-    assert "tuiwatch demo: finished after 40 steps" in out.stdout
+    assert "tuiwatch demo: finished after 300 steps" in out.stdout
     ledger = records(ledger_file(tmp_path / "runs"))
     steps = [r for r in ledger if r["kind"] == "step"]
-    assert len(steps) == 40
+    assert len(steps) == 300
     assert steps[-1]["loss"] < steps[0]["loss"]
     assert ledger[-1]["reason"] == "finished"
+    assert [r for r in ledger if r["kind"] == "alert" and r["severity"] != "info"] == []  # a healthy run is quiet
 
 
 def test_demo_cnn_trains(tmp_path: Path, socket_dir: Path):
     out = tw(socket_dir, "demo", "--model", "cnn", "--steps", "10", "--delay", "0", "--run-dir", str(tmp_path / "r"))
     assert out.returncode == 0, out.stderr
-    steps = [r for r in records(ledger_file(tmp_path / "r")) if r["kind"] == "step"]
+    ledger = records(ledger_file(tmp_path / "r"))
+    steps = [r for r in ledger if r["kind"] == "step"]
     assert steps[0]["batch_shape"] == [[64, 3, 32, 32], [64]]
+    assert [r for r in ledger if r["kind"] == "alert" and r["severity"] != "info"] == []
 
 
 def test_help_is_there_for_every_command(socket_dir: Path):

@@ -245,3 +245,29 @@ def test_without_a_run_dir_the_stream_still_works(socket_dir: Path):
     assert received[0]["kind"] == "run"
     assert received[-1]["kind"] == "end"
     assert [r["step"] for r in received if r["kind"] == "step"] == [0, 1, 2, 3]
+
+
+def test_rules_run_inside_the_training_process_and_write_alerts(run_root: Path, socket_dir: Path):
+    model, opt = _mlp()
+    data = _data(6)
+    data[3][0][0, 0] = math.nan
+    with Watch(model, opt, run_dir=run_root, on_nonfinite="warn") as watch:
+        for x, y in watch.batches(data):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            opt.zero_grad()  # warn mode: nothing stops the run; skip the poisoned update ourselves
+        with watch.validation():
+            watch.log(val_loss=0.5)  # model.eval() forgotten
+    alerts = [r for r in _ledger(watch) if r["kind"] == "alert"]
+    assert [(a["rule"], a["step"], a["severity"]) for a in alerts] == [
+        ("nonfinite", 3, "critical"), ("nonfinite", 4, "info"), ("eval-mode", 5, "warning"),
+    ]  # fmt: skip
+    assert alerts[0]["evidence"]["boundary"] == "batch"
+
+
+def test_unknown_rule_ids_are_refused_before_a_run_directory_exists(run_root: Path, socket_dir: Path):
+    model, opt = _mlp()
+    with pytest.raises(ValueError, match="unknown rule ids"):
+        Watch(model, opt, run_dir=run_root, rules=["grad-explode"])
+    assert not run_root.exists()

@@ -7,9 +7,18 @@ from collections.abc import Iterable
 from typing import Any
 
 from tuiwatch.ledger.records import Record
+from tuiwatch.rules import Diagnosis
 
 
 def summarize(records: Iterable[Record], skipped: int = 0) -> dict[str, Any]:
+    """The summary of a run; alerts are those in the ledger plus those the rules find on replay."""
+    records = list(records)
+    recorded = {(r.get("rule"), r.get("step")) for r in records if r.get("kind") == "alert"}
+    replayed = [a for a in Diagnosis().run(records) if (a["rule"], a["step"]) not in recorded]
+    return _summarize([*records, *replayed], skipped)
+
+
+def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
     run: Record = {}
     end: Record | None = None
     steps = 0
@@ -50,7 +59,7 @@ def summarize(records: Iterable[Record], skipped: int = 0) -> dict[str, Any]:
             rss = r.get("rss")
             if isinstance(rss, int | float):
                 peak_rss = max(peak_rss or 0, rss)
-        elif kind == "alert":
+        elif kind == "alert" and r.get("severity") != "info":
             rule = str(r.get("rule"))
             entry = alerts.setdefault(rule, {"count": 0, "first_step": r.get("step"), "severity": r.get("severity")})
             entry["count"] += 1

@@ -29,6 +29,7 @@ from tuiwatch.ledger.wire import Command
 from tuiwatch.ledger.writer import LedgerStore, MemoryTail
 from tuiwatch.publisher.server import Server
 from tuiwatch.publisher.system import SystemSampler
+from tuiwatch.rules import Diagnosis
 
 
 class PendingRecord(Protocol):
@@ -53,11 +54,13 @@ class Pipeline:
         capacity: int = 10_000,
         period_s: float = 0.02,
         system_interval_s: float | None = 1.0,
+        diagnosis: Diagnosis | None = None,
     ):
         self.store = store
         self.capacity = capacity
         self.period_s = period_s
         self.server: Server | None = None
+        self.diagnosis = diagnosis
         self.status = "ok"
         self.error: str | None = None
         self.dropped_records = 0
@@ -166,7 +169,20 @@ class Pipeline:
                 records.append(item.build())
             except Exception as exc:  # one bad value must not cost the rest
                 self._degrade(exc)
-        self._append(records)
+        self._append(self._diagnose(records))
+
+    def _diagnose(self, records: list[Record]) -> list[Record]:
+        """The records with the alerts they raise placed right after them."""
+        if self.diagnosis is None:
+            return records
+        out: list[Record] = []
+        for record in records:
+            out.append(record)
+            try:
+                out += self.diagnosis.feed(record)
+            except Exception as exc:  # a broken rule must not cost the ledger
+                self._degrade(exc)
+        return out
 
     def _append(self, records: list[Record]) -> None:
         if records:

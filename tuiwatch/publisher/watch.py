@@ -32,6 +32,7 @@ from tuiwatch.publisher.loader import iter_with_ids
 from tuiwatch.publisher.measure import BatchInfo, finiteness_probe, first_tensor, total_norm
 from tuiwatch.publisher.pipeline import Pipeline
 from tuiwatch.publisher.steps import EvalState, StepState
+from tuiwatch.rules import Diagnosis
 
 T = TypeVar("T")
 ON_NONFINITE = ("stop", "skip", "warn")
@@ -111,6 +112,7 @@ class Watch:
         system: bool = True,
         update_norm_every: int | None = None,
         param_norm_every: int | None = None,
+        rules: Iterable[str] | None = None,
         queue_size: int = 10_000,
         viewer_stall_s: float = 5.0,
     ):
@@ -122,6 +124,7 @@ class Watch:
             raise ValueError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        diagnosis = Diagnosis(rules)  # raises for an unknown rule id, before anything is created
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -158,7 +161,9 @@ class Watch:
         else:
             store = MemoryTail()
         self.ledger_path = store.path if isinstance(store, FileLedger) else None
-        self._pipeline = Pipeline(store, capacity=queue_size, system_interval_s=1.0 if system else None)
+        self._pipeline = Pipeline(
+            store, capacity=queue_size, system_interval_s=1.0 if system else None, diagnosis=diagnosis
+        )
 
         self.socket_path: Path | None = None
         socket_error = None

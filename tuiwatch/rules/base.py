@@ -1,0 +1,56 @@
+"""What every rule shares: its thresholds, its alert records, and fire-once-per-episode."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tuiwatch.ledger.records import Record
+
+
+def alert(
+    rule: str, severity: str, step: int | None, message: str, evidence: dict[str, Any], next_check: str
+) -> Record:
+    return {
+        "kind": "alert",
+        "t": time.time(),
+        "rule": rule,
+        "severity": severity,
+        "step": step,
+        "message": message,
+        "evidence": evidence,
+        "next_check": next_check,
+    }
+
+
+class Rule:
+    """A rule watches the record stream through a bounded window and speaks when its condition starts.
+
+    Subclasses implement :meth:`check`, returning an alert record when the
+    condition holds at this record (None otherwise). The base class turns that
+    into one alert per episode, and an ``info`` alert when the episode ends.
+    """
+
+    id = ""
+    kinds: tuple[str, ...] = ("step",)
+
+    def __init__(self) -> None:
+        self.active = False
+
+    def check(self, record: Record) -> Record | None:
+        raise NotImplementedError
+
+    def clears(self, record: Record) -> bool:
+        """Whether this record ends an active episode (default: the condition no longer holds)."""
+        return self.check(record) is None
+
+    def observe(self, record: Record) -> Record | None:
+        if self.active:
+            if self.clears(record):
+                self.active = False
+                return alert(self.id, "info", record.get("step"), f"{self.id} cleared", {}, "")
+            return None
+        found = self.check(record)
+        if found is not None:
+            self.active = True
+        return found

@@ -1,0 +1,94 @@
+"""Rules about the loop around the model: the learning rate, eval mode, and the data loader."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from tuiwatch.ledger.records import Record
+from tuiwatch.rules.base import Rule, alert
+
+
+class LrZero(Rule):
+    """Every param group's learning rate is 0 on consecutive optimizer steps."""
+
+    id = "lr-zero"
+
+    def __init__(self, steps: int = 10):
+        super().__init__()
+        self.steps = steps
+        self.run = 0
+
+    def _zero(self, record: Record) -> bool | None:
+        lr = record.get("lr")
+        if record.get("opt_step") is None or not isinstance(lr, list) or not lr:
+            return None
+        return all(v == 0 for v in lr)
+
+    def check(self, record: Record) -> Record | None:
+        zero = self._zero(record)
+        if zero is None:
+            return None
+        # A warm-up may start at 0: only a run of zeros counts.
+        self.run = self.run + 1 if zero else 0
+        if self.run < self.steps:
+            return None
+        return alert(
+            self.id, "warning", record.get("step"), f"learning rate is 0 for {self.run} optimizer steps",
+            {"lr": record.get("lr"), "steps": self.run}, "read the schedule (warm-up, decay, step size)",
+        )  # fmt: skip
+
+    def clears(self, record: Record) -> bool:
+        if self._zero(record) is False:
+            self.run = 0
+            return True
+        return False
+
+
+class EvalMode(Rule):
+    """Validation ran with the model in training mode (dropout and batch-norm updates on)."""
+
+    id = "eval-mode"
+    kinds = ("eval",)
+
+    def check(self, record: Record) -> Record | None:
+        if record.get("training") is not True:
+            return None
+        return alert(
+            self.id, "warning", record.get("step"), "eval metrics were logged with model.training == True",
+            {"training": True}, "call model.eval() before validating (and model.train() after)",
+        )  # fmt: skip
+
+
+class DataBound(Rule):
+    """Waiting for data takes most of the step time."""
+
+    id = "data-bound"
+
+    def __init__(self, window: int = 50, share: float = 0.5, clear_share: float = 0.3):
+        super().__init__()
+        self.recent: deque[float] = deque(maxlen=window)
+        self.share, self.clear_share = share, clear_share
+
+    def _median_share(self, record: Record) -> float | None:
+        wait, compute = record.get("data_wait_s"), record.get("compute_s")
+        if type(wait) is not float or type(compute) is not float or wait + compute <= 0:
+            return None
+        self.recent.append(wait / (wait + compute))
+        if len(self.recent) < (self.recent.maxlen or 0):
+            return None
+        return sorted(self.recent)[len(self.recent) // 2]
+
+    def check(self, record: Record) -> Record | None:
+        share = self._median_share(record)
+        if share is None or share <= self.share:
+            return None
+        return alert(
+            self.id, "warning", record.get("step"),
+            f"waiting for data takes {share:.0%} of the step (median of the last {len(self.recent)} steps)",
+            {"data_wait_share": share, "data_wait_s": record.get("data_wait_s"), "compute_s": record.get("compute_s")},
+            "more loader workers, lighter transforms, faster storage, pin_memory",
+        )  # fmt: skip
+
+    def clears(self, record: Record) -> bool:
+        share = self._median_share(record)
+        return share is not None and share < self.clear_share
