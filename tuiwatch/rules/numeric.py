@@ -57,8 +57,14 @@ class GradExplosion(Rule):
         norm = _number(record.get("grad_norm"))
         if norm is None or not math.isfinite(norm):
             return None
-        history = list(self.recent)
-        self.recent.append(norm)
+        recent = self.recent
+        # Cheap test first: a norm under ratio × the window's minimum cannot beat ratio × its median.
+        suspect = len(recent) >= self.min_history and norm > self.ratio * min(recent)
+        if not suspect and norm < self.huge:
+            recent.append(norm)
+            return None
+        history = list(recent)
+        recent.append(norm)
         median = statistics.median(history) if len(history) >= self.min_history else None
         jumped = median is not None and median > 0 and norm > self.ratio * median
         if not jumped and norm < self.huge:

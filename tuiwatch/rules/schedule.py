@@ -60,35 +60,43 @@ class EvalMode(Rule):
 
 
 class DataBound(Rule):
-    """Waiting for data takes most of the step time."""
+    """Waiting for data takes most of the step time: over 50 % on most of the last 50 steps."""
 
     id = "data-bound"
 
     def __init__(self, window: int = 50, share: float = 0.5, clear_share: float = 0.3):
         super().__init__()
-        self.recent: deque[float] = deque(maxlen=window)
-        self.share, self.clear_share = share, clear_share
+        self.window, self.share, self.clear_share = window, share, clear_share
+        self.recent: deque[float] = deque()
+        self.over = 0  # steps in the window waiting more than `share`
+        self.under = 0  # steps in the window waiting less than `clear_share`
 
-    def _median_share(self, record: Record) -> float | None:
+    def _push(self, record: Record) -> bool:
+        """Add this step's wait share to the window; False when the window is not full yet."""
         wait, compute = record.get("data_wait_s"), record.get("compute_s")
         if type(wait) is not float or type(compute) is not float or wait + compute <= 0:
-            return None
-        self.recent.append(wait / (wait + compute))
-        if len(self.recent) < (self.recent.maxlen or 0):
-            return None
-        return sorted(self.recent)[len(self.recent) // 2]
+            return False
+        value = wait / (wait + compute)
+        self.recent.append(value)
+        self.over += value > self.share
+        self.under += value < self.clear_share
+        if len(self.recent) > self.window:
+            old = self.recent.popleft()
+            self.over -= old > self.share
+            self.under -= old < self.clear_share
+        return len(self.recent) == self.window
 
     def check(self, record: Record) -> Record | None:
-        share = self._median_share(record)
-        if share is None or share <= self.share:
+        # Counts instead of a sorted window: "most steps over 50 %" is the median over 50 %.
+        if not self._push(record) or self.over * 2 <= self.window:
             return None
+        share = sorted(self.recent)[self.window // 2]
         return alert(
             self.id, "warning", record.get("step"),
-            f"waiting for data takes {share:.0%} of the step (median of the last {len(self.recent)} steps)",
+            f"waiting for data takes {share:.0%} of the step (median of the last {self.window} steps)",
             {"data_wait_share": share, "data_wait_s": record.get("data_wait_s"), "compute_s": record.get("compute_s")},
             "more loader workers, lighter transforms, faster storage, pin_memory",
         )  # fmt: skip
 
     def clears(self, record: Record) -> bool:
-        share = self._median_share(record)
-        return share is not None and share < self.clear_share
+        return self._push(record) and self.under * 2 > self.window
