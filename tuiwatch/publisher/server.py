@@ -237,7 +237,7 @@ class Server:
         if counted:
             self.counters.dropped_viewers += 1
 
-    def close(self, grace_s: float = 0.2) -> None:
+    def close(self, grace_s: float = 1.0) -> None:
         """Send what is left for up to ``grace_s``, then close everything and remove the socket."""
         deadline = time.monotonic() + grace_s
         while self._viewers and time.monotonic() < deadline:
