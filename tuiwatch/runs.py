@@ -6,10 +6,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tuiwatch.ledger.codec import DecodeError, decode
 from tuiwatch.ledger.reader import tail_records
 from tuiwatch.ledger.socketdir import check_private_dir, remove_stale_sockets, socket_dir
-from tuiwatch.ledger.wire import LineSplitter, ProtocolError, connect
+from tuiwatch.ledger.wire import connect, iter_records
 
 
 @dataclass
@@ -28,16 +27,9 @@ def _first_record(path: Path, timeout: float) -> dict[str, Any] | None:
         sock = connect(path, timeout=timeout)
     except OSError:
         return None
-    splitter = LineSplitter()
     try:
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                return None
-            lines = splitter.feed(data)
-            if lines:
-                return decode(lines[0])
-    except (TimeoutError, OSError, ProtocolError, DecodeError):
+        return next(iter_records(sock), None)
+    except OSError:  # a timeout included
         return None
     finally:
         sock.close()

@@ -311,9 +311,8 @@ class Watch:
                 torch.cuda.max_memory_allocated(index),
             )
             torch.cuda.reset_peak_memory_stats(index)
+        # Still a tensor only when clipped through watch.clip_grad_norm_ without an optimizer step.
         s.grad_norm = _defer_opt(s.grad_norm)
-        s.param_norm = _defer_opt(s.param_norm)
-        s.update_norm = _defer_opt(s.update_norm)
         self._pipeline.put(s)
 
     # --- hooks ----------------------------------------------------------------------

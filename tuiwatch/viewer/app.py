@@ -48,6 +48,7 @@ class TuiwatchApp(App[None]):
         self.state = RunState()
         self.window_index = 0
         self._dirty = True
+        self._last_draw = 0.0
         self._ids = itertools.count(1)
         self.mode = "live" if source.live else "replay"
 
@@ -97,7 +98,7 @@ class TuiwatchApp(App[None]):
     def redraw(self, force: bool = False) -> None:
         """Push the state down to the panes (at most every refresh_s, and once a second for the clock)."""
         now = self.clock()
-        if not (self._dirty or force or int(now) != int(getattr(self, "_last_draw", 0))):
+        if not (self._dirty or force or int(now) != int(self._last_draw)):
             return
         self._dirty = False
         self._last_draw = now
