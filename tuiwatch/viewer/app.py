@@ -10,6 +10,7 @@ from pathlib import Path
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Footer
 
 from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
@@ -100,10 +101,14 @@ class TuiwatchApp(App[None]):
         now = self.clock()
         if not (self._dirty or force or int(now) != int(self._last_draw)):
             return
+        try:
+            header = self.query_one(HeaderBar)
+        except NoMatches:
+            return  # the timer fired while the screen is torn down at exit
         self._dirty = False
         self._last_draw = now
         window = WINDOWS[self.window_index]
-        self.query_one(HeaderBar).update(header_text(self.state, now, self.mode))
+        header.update(header_text(self.state, now, self.mode))
         for pane in self.query(Pane):
             pane.show(self.state, window, now)
 
