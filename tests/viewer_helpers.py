@@ -38,5 +38,6 @@ async def until(pilot: Pilot[Any], predicate: Any, timeout: float = 20.0, what: 
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            status = getattr(getattr(pilot.app, "state", None), "status", "?")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (viewer status: {status})")
         await pilot.pause(0.02)

@@ -238,7 +238,12 @@ class Server:
             self.counters.dropped_viewers += 1
 
     def close(self, grace_s: float = 1.0) -> None:
-        """Send what is left for up to ``grace_s``, then close everything and remove the socket."""
+        """Stop listening, send what is left for up to ``grace_s``, then close every connection."""
+        # Listener first: a viewer that sees its connection end must not reconnect to a closing run.
+        self.selector.unregister(self._listener)
+        self._listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
         deadline = time.monotonic() + grace_s
         while self._viewers and time.monotonic() < deadline:
             self.pump()
@@ -247,7 +252,3 @@ class Server:
             self.selector.select(0.01)
         for viewer in list(self._viewers.values()):
             self._drop(viewer, counted=False)
-        self.selector.unregister(self._listener)
-        self._listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)

@@ -50,6 +50,7 @@ class TuiwatchApp(App[None]):
         self.window_index = 0
         self._dirty = True
         self._last_draw = 0.0
+        self._new_connection = False
         self._ids = itertools.count(1)
         self.mode = "live" if source.live else "replay"
 
@@ -75,14 +76,17 @@ class TuiwatchApp(App[None]):
     # --- records in ----------------------------------------------------------------
 
     def on_records_received(self, message: RecordsReceived) -> None:
+        if self._new_connection:
+            # Every connection replays the run from its first record: start clean,
+            # so nothing is counted twice across a reconnect. Only once records
+            # come: a connection that dies empty must not wipe what is shown.
+            self.state = RunState()
+            self._new_connection = False
         self.state.apply_all(message.records)
         self._dirty = True
 
     def on_source_connected(self, message: SourceConnected) -> None:
-        # Every connection replays the run from its first record: start clean,
-        # so nothing is counted twice across a reconnect.
-        self.state = RunState()
-        self._dirty = True
+        self._new_connection = True
 
     def on_source_disconnected(self, message: SourceDisconnected) -> None:
         was = self.state.status
