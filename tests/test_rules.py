@@ -99,3 +99,114 @@ def test_unknown_rule_ids_are_refused():
     assert set(REGISTRY) <= {"nonfinite", "grad-explosion", "grad-zero", "no-update", "loss-frozen", "loss-chance",
                              "lr-zero", "data-bound", "memory-growth", "oom", "overfit", "eval-mode", "loss-spike",
                              "straggler"}  # fmt: skip
+
+
+def test_rules_take_thresholds_and_can_be_turned_off():
+    records = [step(i, lr=[0.0]) for i in range(6)]
+    assert fired(records) == []
+    alerts = Diagnosis({"lr-zero": {"steps": 3}, "grad-zero": False}).run(records)
+    assert [(a["rule"], a["step"]) for a in alerts] == [("lr-zero", 2)]
+    with pytest.raises(ValueError, match="rule 'lr-zero' has no threshold \\['step'\\]: its thresholds are steps"):
+        Diagnosis({"lr-zero": {"step": 3}})
+
+
+def test_no_update_fires_when_gradients_arrive_but_parameters_stay():
+    # The optimizer steps a copy: grads on the model, the model's parameters never move.
+    records = [step(i, param_norm=4.2, update_norm=0.0 if i % 10 == 0 else None) for i in range(40)]
+    alerts = Diagnosis(["no-update"]).run(records)
+    assert [(a["step"], a["severity"]) for a in alerts] == [(20, "critical")]
+    assert alerts[0]["evidence"]["same_param_steps"] == 20
+    moving = [step(i, param_norm=4.2 + 0.01 * i, update_norm=0.01) for i in range(40)]
+    assert fired(moving, "no-update") == []
+
+
+def test_no_update_leaves_a_zero_lr_to_lr_zero():
+    records = [step(i, lr=[0.0], param_norm=4.2, update_norm=0.0) for i in range(40)]
+    assert fired(records, "no-update") == []
+    assert fired(records, "lr-zero") == [("lr-zero", 9, "warning")]
+
+
+def test_lr_zero_fires_on_a_collapsed_schedule_not_on_cosine_decay():
+    per_batch_steplr = [step(i, lr=[0.1 * 0.1 ** (i // 30)]) for i in range(300)]
+    assert fired(per_batch_steplr, "lr-zero") == [("lr-zero", 279, "warning")]
+    n = 1000
+    cosine = [step(i, lr=[0.05 * (1 + math.cos(math.pi * min(i, n) / n))]) for i in range(n + 1)]
+    warm = [step(i, lr=[0.1 * i / 100]) for i in range(100)]
+    assert fired(warm + [step(100 + i, **{k: v for k, v in r.items() if k != "step"}) for i, r in enumerate(cosine)],
+                 "lr-zero") == []  # fmt: skip
+
+
+def test_loss_chance_fires_at_ln_classes_not_on_a_good_plateau():
+    rng = __import__("random").Random(0)
+    chance = [step(i, loss=math.log(2) + rng.gauss(0, 0.01)) for i in range(300)]
+    chance[0]["classes"] = 2
+    assert fired(chance, "loss-chance") == [("loss-chance", 199, "warning")]
+    good = [step(i, loss=0.05 + rng.gauss(0, 0.01), classes=2) for i in range(300)]
+    assert fired(good, "loss-chance") == []
+    learning = [step(i, loss=math.log(10) * (1 - i / 400) + rng.gauss(0, 0.01)) for i in range(300)]
+    assert Diagnosis({"loss-chance": {"classes": 10}}).run(learning) == []
+
+
+def test_loss_spike_fires_on_one_bad_batch_and_not_on_a_noisy_loss():
+    rng = __import__("random").Random(1)
+    noisy = [step(i, loss=1.0 + 0.3 * rng.random() + (0.4 if rng.random() < 0.05 else 0)) for i in range(1000)]
+    assert fired(noisy, "loss-spike") == []
+    spiked = [dict(r) for r in noisy[:200]]
+    spiked[150] = step(150, loss=40.0, batch_ids=[7, 8, 9])
+    alerts = Diagnosis(["loss-spike"]).run(spiked)
+    assert [(a["step"], a["severity"]) for a in alerts] == [(150, "warning"), (151, "info")]
+    assert alerts[0]["evidence"]["batch_ids"] == [7, 8, 9]
+
+
+def test_data_bound_ignores_a_one_off_slow_batch():
+    records = [step(i) for i in range(200)]
+    records[100] = step(100, data_wait_s=2.0, compute_s=0.01)
+    assert fired(records, "data-bound") == []
+
+
+def system(i: int, rss: float) -> dict[str, Any]:
+    return {"kind": "system", "t": float(i), "rss": rss}
+
+
+def test_memory_growth_fires_on_steady_growth_not_on_growth_that_plateaus():
+    mib = 1 << 20
+    leak = [system(i, 500 * mib + 20 * mib * i) for i in range(20)]
+    alerts = Diagnosis(["memory-growth"]).run(leak)
+    assert [a["severity"] for a in alerts] == ["warning"]
+    assert alerts[0]["evidence"]["series"] == "rss"
+    plateau = [system(i, 500 * mib + 40 * mib * min(i, 8)) for i in range(40)]
+    assert fired(plateau, "memory-growth") == []
+    cuda = [step(i, mem_allocated=100 * mib + 2 * mib * i) for i in range(30)]
+    assert fired(cuda, "memory-growth")[0][:2] == ("memory-growth", 14)
+
+
+def test_oom_fires_from_the_step_that_failed():
+    record = step(12, batch_shape=[[2, 524288, 8]], tokens=None,
+                  oom={"error": "OutOfMemoryError", "message": "CUDA out of memory", "mem_allocated": 70 << 30,
+                       "mem_reserved": 75 << 30})  # fmt: skip
+    alerts = Diagnosis(["oom"]).run([step(11), record])
+    assert alerts[0]["message"] == (
+        "out of memory at step 12 with batch [[2, 524288, 8]]; 71,680 MiB allocated, 76,800 MiB reserved"
+    )
+    assert alerts[0]["severity"] == "critical"
+
+
+def evals(values: list[float], train_from: float, every: int = 20) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for n, value in enumerate(values):
+        records += [step(n * every + i, loss=train_from * 0.9**n) for i in range(every)]
+        records.append({"kind": "eval", "step": n * every + every - 1, "val_loss": value, "training": False})
+    return records
+
+
+def test_overfit_fires_when_eval_rises_while_train_falls_and_clears_on_a_new_best():
+    overfitting = evals([1.0, 0.8, 0.7, 0.75, 0.8, 0.9, 0.95, 0.6], train_from=1.0)
+    assert fired(overfitting, "overfit") == [("overfit", 119, "warning"), ("overfit", 159, "info")]
+    noisy = evals([1.0, 0.8, 0.85, 0.7, 0.72, 0.69, 0.71, 0.68], train_from=1.0)
+    assert fired(noisy, "overfit") == []
+
+
+def test_straggler_names_the_slow_rank():
+    records = [step(i, rank=r, compute_s=0.05 if r == 2 else 0.01) for i in range(30) for r in range(4)]
+    alerts = Diagnosis(["straggler"]).run(records)
+    assert [(a["evidence"]["rank"], a["step"]) for a in alerts] == [(2, 19)]

@@ -44,6 +44,8 @@ Item = Record | PendingRecord
 # How long a record may wait for its device values before it is written with
 # what is there (a CUDA stream that never completes must not stall the ledger).
 MAX_WAIT_S = 5.0
+# Records kept in memory for dumps ("the last ledger records").
+RECENT_RECORDS = 200
 
 
 class Pipeline:
@@ -55,12 +57,18 @@ class Pipeline:
         period_s: float = 0.02,
         system_interval_s: float | None = 1.0,
         diagnosis: Diagnosis | None = None,
+        on_alert: Callable[[Record, list[Record]], str | None] | None = None,
     ):
         self.store = store
         self.capacity = capacity
         self.period_s = period_s
         self.server: Server | None = None
         self.diagnosis = diagnosis
+        # Called here, on this thread, for each alert with the records so far;
+        # a returned path (a dump) joins the alert's evidence.
+        self.on_alert = on_alert
+        self.recent: deque[Record] = deque(maxlen=RECENT_RECORDS)
+        self._syncs: list[threading.Event] = []
         self.status = "ok"
         self.error: str | None = None
         self.dropped_records = 0
@@ -107,6 +115,21 @@ class Pipeline:
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
+    def sync(self, timeout_s: float) -> bool:
+        """Wait until everything put so far is built, diagnosed and flushed; False on timeout.
+
+        For the rare moments the training thread must know the ledger holds a
+        step (a non-finite stop, an OOM) before it goes on.
+        """
+        if not self._thread.is_alive():
+            return False
+        done = threading.Event()
+        with self._lock:
+            self._syncs.append(done)
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        return done.wait(timeout_s)
+
     def abandon_after_fork(self) -> None:
         """In a forked child: never write, serve or flush on the parent's behalf."""
         self._stopping.set()
@@ -124,6 +147,10 @@ class Pipeline:
             self._guard(self.server.close)
         self._guard(self.store.flush)
         self.store.close()
+        with self._lock:
+            for done in self._syncs:
+                done.set()  # everything that will ever be written is
+            self._syncs.clear()
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -135,7 +162,13 @@ class Pipeline:
                     self._wake_r.recv(4096)
             elif self.server is not None:
                 self._guard(functools.partial(self.server.handle, key, mask))
-        self._drain(final=False)
+        with self._lock:
+            syncs, self._syncs = self._syncs, []
+        self._drain(final=bool(syncs))
+        if syncs:
+            self.store.flush()
+            for done in syncs:
+                done.set()
         now = time.monotonic()
         if self._sampler is not None and self._sampler.due(now):
             self._append([self._sampler.sample(now)])
@@ -178,11 +211,29 @@ class Pipeline:
         out: list[Record] = []
         for record in records:
             out.append(record)
+            self.recent.append(record)
             try:
-                out += self.diagnosis.feed(record)
+                alerts = self.diagnosis.feed(record)
             except Exception as exc:  # a broken rule must not cost the ledger
                 self._degrade(exc)
+                continue
+            for found in alerts:
+                self._on_alert(found)
+                out.append(found)
+                self.recent.append(found)
         return out
+
+    def _on_alert(self, found: Record) -> None:
+        if self.on_alert is None or found.get("severity") == "info":
+            return
+        try:
+            path = self.on_alert(found, list(self.recent))
+        except Exception as exc:  # a dump that cannot be written must not cost the alert
+            self._degrade(exc)
+            found["evidence"]["dump_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            return
+        if path is not None:
+            found["evidence"]["dump"] = path
 
     def _append(self, records: list[Record]) -> None:
         if records:

@@ -41,6 +41,9 @@ class StepState:
     forward_probe: Any = None
     training: bool | None = None
     mem: tuple[int, int, int] | None = None
+    oom: dict[str, Any] | None = None
+    classes: int | None = None
+    step_forced = False  # recorded although ``every`` would skip it (an OOM)
     t_end = 0.0
 
     def __init__(self, step: int, started: float):
@@ -102,6 +105,10 @@ class StepState:
         )
         if self.opt_skipped:
             record["opt_skipped"] = True
+        if self.oom is not None:
+            record["oom"] = self.oom
+        if self.classes is not None:
+            record["classes"] = self.classes
         return record
 
 

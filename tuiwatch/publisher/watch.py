@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -28,14 +29,22 @@ from tuiwatch.ledger.socketdir import ensure_socket_dir, remove_stale_sockets, s
 from tuiwatch.ledger.wire import Command, action_record
 from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
 from tuiwatch.publisher.deferred import defer, resolve
+from tuiwatch.publisher.dumps import DUMP_REASONS, write_dump
 from tuiwatch.publisher.loader import iter_with_ids
 from tuiwatch.publisher.measure import BatchInfo, finiteness_probe, first_tensor, total_norm
 from tuiwatch.publisher.pipeline import Pipeline
 from tuiwatch.publisher.steps import EvalState, StepState
-from tuiwatch.rules import Diagnosis
+from tuiwatch.rules import Diagnosis, RulesConfig
 
 T = TypeVar("T")
 ON_NONFINITE = ("stop", "skip", "warn")
+# Batches kept (by reference, no copy) so that a dump written a few steps after
+# its step, on the publisher thread, still has the tensors.
+RECENT_BATCHES = 4
+# How long the training thread waits for the ledger and the dump at a
+# non-finite stop or an OOM (it is ending or failing anyway).
+STOP_SYNC_S = 30.0
+OOM_SYNC_S = 5.0
 
 _live: weakref.WeakSet[Watch] = weakref.WeakSet()
 _process_hooks_installed = False
@@ -109,10 +118,10 @@ class Watch:
         every: int = 1,
         on_nonfinite: str = "stop",
         seed: int | None = None,
-        system: bool = True,
+        system: bool | float = True,
         update_norm_every: int | None = None,
         param_norm_every: int | None = None,
-        rules: Iterable[str] | None = None,
+        rules: RulesConfig | None = None,
         queue_size: int = 10_000,
         viewer_stall_s: float = 5.0,
     ):
@@ -145,6 +154,11 @@ class Watch:
         self._before_update: list[torch.Tensor] | None = None
         self._param_cache: tuple[int, list[torch.Tensor]] = (-1, [])
         self._hooks: list[Any] = []
+        self._recent_batches: deque[tuple[int, Any, list[int] | None]] = deque(maxlen=RECENT_BATCHES)
+        self._stopping_step: int | None = None  # the step whose non-finite stop waits for its dump
+        self._last_dump: str | None = None
+        self._oom_seen = 0  # id() of the last OOM recorded, so that each is recorded once
+        self._classes_reported = False
 
         first = next(iter(model.parameters()), None)
         self.device = first.device if first is not None else torch.device("cpu")
@@ -161,8 +175,9 @@ class Watch:
         else:
             store = MemoryTail()
         self.ledger_path = store.path if isinstance(store, FileLedger) else None
+        interval = (1.0 if system else None) if isinstance(system, bool) else float(system)
         self._pipeline = Pipeline(
-            store, capacity=queue_size, system_interval_s=1.0 if system else None, diagnosis=diagnosis
+            store, capacity=queue_size, system_interval_s=interval, diagnosis=diagnosis, on_alert=self._on_alert
         )
 
         self.socket_path: Path | None = None
@@ -188,7 +203,8 @@ class Watch:
         if optimizer is not None:
             self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
             self._hooks.append(optimizer.register_step_post_hook(self._after_optimizer_step))
-        self._hooks.append(model.register_forward_hook(self._after_forward))
+        # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
+        self._hooks.append(model.register_forward_hook(self._after_forward, always_call=True))
         self._pipeline.start()
         _live.add(self)
         _install_process_hooks()
@@ -218,6 +234,7 @@ class Watch:
                 s.epoch = epoch
                 s.data_wait_s = t1 - t0
                 s.batch_ids = ids
+                self._recent_batches.append((s.step, batch, ids))
                 if s.step % self.every == 0:
                     s.batch = BatchInfo(batch)
                 yield batch
@@ -296,7 +313,7 @@ class Watch:
             return
         self._cur = None
         self._last_boundary = now
-        if s.step % self.every:
+        if s.step % self.every and not s.step_forced:
             return
         if s.batch is None and not s.metrics and s.grad_norm is None and s.opt_step is None:
             return  # an empty step (a boundary with nothing in it) is not a step
@@ -318,12 +335,16 @@ class Watch:
     # --- hooks ----------------------------------------------------------------------
 
     def _params(self) -> list[torch.Tensor]:
-        if self.optimizer is None:
-            return [p for p in self.model.parameters() if p.requires_grad]
-        groups = self.optimizer.param_groups
+        """The model's parameters: what the gradient, parameter and update norms measure.
+
+        The model's, not the optimizer's: an optimizer built on a copy of the
+        model must show as "gradients arrive, parameters do not move". The list
+        is rebuilt when the optimizer's parameter count changes (a new group).
+        """
+        groups = self.optimizer.param_groups if self.optimizer is not None else []
         key = sum(len(g["params"]) for g in groups)
-        if self._param_cache[0] != key:
-            self._param_cache = (key, [p for g in groups for p in g["params"]])
+        if self._param_cache[0] != key or not self._param_cache[1]:
+            self._param_cache = (key, list(self.model.parameters()))
         return self._param_cache[1]
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -365,12 +386,63 @@ class Watch:
                 s.update_norm = _defer_opt(total_norm(torch._foreach_sub(params, before)))
 
     def _after_forward(self, module: Any, args: Any, output: Any) -> None:
+        if output is None:
+            failure = sys.exc_info()[1]  # always_call: the forward is raising
+            if failure is not None and _is_oom(failure):
+                self._record_oom(failure)
+            return
         s = self._cur
         if s is None or self._eval is not None or s.forward_probe is not None or s.step % self.every:
             return
         out = first_tensor(output)
         if out is not None and out.is_floating_point():
             s.forward_probe = defer(finiteness_probe(out))
+            if not self._classes_reported and out.dim() == 2 and out.shape[1] >= 2:
+                # The width of a 2-D output is the class count that loss-chance compares with.
+                self._classes_reported = True
+                s.classes = int(out.shape[1])
+
+    # --- failures: OOM and non-finite values, with their dumps ------------------------
+
+    def _record_oom(self, failure: BaseException) -> None:
+        """Write the failing step with an ``oom`` field, let the rule fire and the dump land; the caller re-raises."""
+        if self._inert or self._closed or self._oom_seen == id(failure):
+            return
+        self._oom_seen = id(failure)
+        s = self._cur or self._open_step(self._last_boundary)
+        message = str(failure).strip().splitlines()
+        oom: dict[str, Any] = {"error": type(failure).__name__, "message": message[0][:300] if message else ""}
+        if self._cuda:
+            index = self.device.index
+            oom["mem_allocated"] = torch.cuda.memory_allocated(index)
+            oom["mem_reserved"] = torch.cuda.memory_reserved(index)
+        else:
+            import psutil
+
+            oom["rss"] = psutil.Process().memory_info().rss
+        s.oom = oom
+        if s.step % self.every:
+            s.step_forced = True
+        self._end_step(time.perf_counter())
+        self._pipeline.sync(OOM_SYNC_S)
+
+    def _on_alert(self, found: Record, records: list[Record]) -> str | None:
+        """On the publisher thread: write the dump an alert calls for, return its path."""
+        reason, step = found.get("rule"), found.get("step")
+        if reason not in DUMP_REASONS or self.run_dir is None or not isinstance(step, int):
+            return None
+        batch, ids = next(((b, i) for st, b, i in list(self._recent_batches) if st == step), (None, None))
+        weights = None
+        if reason == "nonfinite" and self._stopping_step == step:
+            # The training thread waits in _stop_nonfinite and the bad update
+            # was not applied: these are the last healthy weights.
+            weights = self.model.state_dict()
+        path = write_dump(
+            self.run_dir, step=step, reason=str(reason), alert=found, batch=batch, batch_ids=ids,
+            records=records, seed=self.seed, weights=weights,
+        )  # fmt: skip
+        self._last_dump = str(path)
+        return str(path)
 
     def _stop_or_skip_nonfinite(self, s: StepState, params: list[torch.Tensor]) -> None:
         boundary = _first_failing_boundary(s)
@@ -385,12 +457,18 @@ class Watch:
         loss = s.metrics.get("loss")
         loss_text = "loss n/a" if loss is None else f"loss {_scalar(loss):.4g}"
         norm = _scalar(s.grad_norm)
+        self._stopping_step = step
+        self._last_dump = None
+        self._end_step(time.perf_counter())
+        self._pipeline.sync(STOP_SYNC_S)  # the nonfinite rule fires and its dump is written
+        dump = self._last_dump
         self.close("nonfinite")
         raise NonFiniteError(
             f"nonfinite: first at step {step}, boundary={boundary} ({loss_text}, grad norm {norm}); "
-            "the optimizer step was not taken",
+            f"the optimizer step was not taken; dump: {dump or 'none (no run directory)'}",
             step=step,
             boundary=boundary,
+            dump=dump,
         )
 
     # --- commands (executed in a later version; answered clearly now) ---------------
@@ -470,6 +548,8 @@ class Watch:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if exc is not None and _is_oom(exc):
+            self._record_oom(exc)
         self.close(_end_reason(exc_type))
 
     def _forked_child(self) -> None:
@@ -496,6 +576,13 @@ def _first_failing_boundary(s: StepState) -> str:
         if value is not None and not math.isfinite(_scalar(value)):
             return boundary
     return "grad"
+
+
+def _is_oom(failure: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(failure, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(failure, RuntimeError) and "can't allocate memory" in str(failure)
 
 
 def _end_reason(exc_type: type[BaseException] | None) -> str:
@@ -530,6 +617,9 @@ def _install_process_hooks() -> None:
 
     def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         _uncaught.append(exc_type)
+        if _is_oom(exc):
+            for watch in list(_live):
+                watch._record_oom(exc)
         previous(exc_type, exc, tb)
 
     sys.excepthook = excepthook

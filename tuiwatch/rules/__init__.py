@@ -7,33 +7,80 @@ No torch, no Textual.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from tuiwatch.ledger.records import Record
 from tuiwatch.rules.base import Rule
+from tuiwatch.rules.learning import LossChance, LossSpike, NoUpdate, Overfit
 from tuiwatch.rules.numeric import GradExplosion, GradZero, LossFrozen, NonFinite
+from tuiwatch.rules.resources import MemoryGrowth, Oom, Straggler
 from tuiwatch.rules.schedule import DataBound, EvalMode, LrZero
 
 # Rule id → factory. Ids are public (SPEC §6); each factory takes its thresholds as keywords.
-REGISTRY: dict[str, Callable[[], Rule]] = {
+# Listed in the order of the chain data → model → loss → gradients → optimizer → parameters, then the machine.
+REGISTRY: dict[str, Callable[..., Rule]] = {
     "nonfinite": NonFinite,
+    "data-bound": DataBound,
+    "eval-mode": EvalMode,
+    "loss-spike": LossSpike,
+    "loss-chance": LossChance,
+    "loss-frozen": LossFrozen,
     "grad-explosion": GradExplosion,
     "grad-zero": GradZero,
-    "loss-frozen": LossFrozen,
     "lr-zero": LrZero,
-    "eval-mode": EvalMode,
-    "data-bound": DataBound,
+    "no-update": NoUpdate,
+    "overfit": Overfit,
+    "memory-growth": MemoryGrowth,
+    "oom": Oom,
+    "straggler": Straggler,
 }
+
+# What ``Watch(rules=...)`` and ``Diagnosis`` accept: ids to run with their
+# defaults, or {id: thresholds | False} over all rules (False turns one off).
+RulesConfig = Iterable[str] | Mapping[str, Mapping[str, Any] | bool | None]
+
+
+def thresholds(rule_id: str) -> dict[str, Any]:
+    """A rule's thresholds and their defaults, as its factory declares them."""
+    params = inspect.signature(REGISTRY[rule_id]).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+def build_rules(config: RulesConfig | None = None) -> list[Rule]:
+    """The rules ``config`` asks for; a one-line ValueError for an unknown id or threshold."""
+    if config is None:
+        wanted: dict[str, Mapping[str, Any]] = {r: {} for r in REGISTRY}
+    elif isinstance(config, Mapping):
+        for value in config.values():
+            if not (value is None or isinstance(value, bool | Mapping)):
+                raise ValueError(f"rules={{id: ...}} takes a dict of thresholds or False, got {value!r}")
+        wanted = {r: {} for r in REGISTRY}
+        wanted.update({r: v if isinstance(v, Mapping) else {} for r, v in config.items()})
+        wanted = {r: v for r, v in wanted.items() if config.get(r) is not False}
+    elif isinstance(config, str):
+        raise ValueError(f"rules= takes a list of rule ids, not the string {config!r}: write rules=[{config!r}]")
+    else:
+        wanted = {r: {} for r in config}
+    unknown = set(wanted) - set(REGISTRY)
+    if unknown:
+        raise ValueError(f"unknown rule ids {sorted(unknown)}: known are {', '.join(REGISTRY)}")
+    rules = []
+    for rule_id, values in wanted.items():
+        bad = set(values) - set(thresholds(rule_id))
+        if bad:
+            known = ", ".join(thresholds(rule_id)) or "none"
+            raise ValueError(f"rule {rule_id!r} has no threshold {sorted(bad)}: its thresholds are {known}")
+        rules.append(REGISTRY[rule_id](**values))
+    return rules
 
 
 class Diagnosis:
     """Feeds records to every rule; returns the alert records they raise."""
 
-    def __init__(self, rules: Iterable[str] | None = None):
-        unknown = set(rules or ()) - set(REGISTRY)
-        if unknown:
-            raise ValueError(f"unknown rule ids {sorted(unknown)}: known are {', '.join(REGISTRY)}")
-        self.rules = [REGISTRY[r]() for r in (rules if rules is not None else REGISTRY)]
+    def __init__(self, rules: RulesConfig | None = None):
+        self.rules = build_rules(rules)
 
     def feed(self, record: Record) -> list[Record]:
         kind = record.get("kind")
@@ -49,4 +96,4 @@ class Diagnosis:
         return [a for r in records if r.get("kind") != "alert" for a in self.feed(r)]
 
 
-__all__ = ["REGISTRY", "Diagnosis", "Rule"]
+__all__ = ["REGISTRY", "Diagnosis", "Rule", "RulesConfig", "build_rules", "thresholds"]

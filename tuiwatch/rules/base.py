@@ -8,6 +8,11 @@ from typing import Any
 from tuiwatch.ledger.records import Record
 
 
+def number(value: Any) -> float | None:
+    """A record field as a float, or None when it is missing or not a number (bools are not numbers)."""
+    return float(value) if type(value) in (int, float) else None
+
+
 def alert(
     rule: str, severity: str, step: int | None, message: str, evidence: dict[str, Any], next_check: str
 ) -> Record:

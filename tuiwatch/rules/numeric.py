@@ -5,14 +5,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from typing import Any
 
 from tuiwatch.ledger.records import FINITE_BOUNDARIES, Record
-from tuiwatch.rules.base import Rule, alert
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if type(value) in (int, float) else None
+from tuiwatch.rules.base import Rule, alert, number
 
 
 class NonFinite(Rule):
@@ -54,7 +49,7 @@ class GradExplosion(Rule):
         self.ratio, self.huge, self.min_history = ratio, huge, min_history
 
     def check(self, record: Record) -> Record | None:
-        norm = _number(record.get("grad_norm"))
+        norm = number(record.get("grad_norm"))
         if norm is None or not math.isfinite(norm):
             return None
         recent = self.recent
@@ -79,7 +74,7 @@ class GradExplosion(Rule):
         )  # fmt: skip
 
     def clears(self, record: Record) -> bool:
-        norm = _number(record.get("grad_norm"))
+        norm = number(record.get("grad_norm"))
         if norm is None or not math.isfinite(norm):
             return False
         history = list(self.recent)
@@ -131,7 +126,7 @@ class LossFrozen(Rule):
         self.run = 0
 
     def check(self, record: Record) -> Record | None:
-        loss = _number(record.get("loss"))
+        loss = number(record.get("loss"))
         if loss is None:
             return None
         self.run = self.run + 1 if loss == self.last else 1
@@ -144,7 +139,7 @@ class LossFrozen(Rule):
         )  # fmt: skip
 
     def clears(self, record: Record) -> bool:
-        loss = _number(record.get("loss"))
+        loss = number(record.get("loss"))
         changed = loss is not None and loss != self.last
         self.last = loss if loss is not None else self.last
         if changed:

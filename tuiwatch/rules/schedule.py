@@ -5,36 +5,53 @@ from __future__ import annotations
 from collections import deque
 
 from tuiwatch.ledger.records import Record
-from tuiwatch.rules.base import Rule, alert
+from tuiwatch.rules.base import Rule, alert, number
 
 
 class LrZero(Rule):
-    """Every param group's learning rate is 0 on consecutive optimizer steps."""
+    """Every param group's learning rate is 0, or collapsed, on consecutive optimizer steps.
+
+    Collapsed: at most ``collapse`` × the largest lr that group has had (a
+    decay by eight orders of magnitude does nothing a 0 would not). A cosine
+    schedule touches 0 for one step at its end and a warm-up starts there:
+    only a run of ``steps`` optimizer steps counts.
+    """
 
     id = "lr-zero"
 
-    def __init__(self, steps: int = 10):
+    def __init__(self, steps: int = 10, collapse: float = 1e-8):
         super().__init__()
-        self.steps = steps
+        self.steps, self.collapse = steps, collapse
         self.run = 0
+        self.peak: list[float] = []
 
     def _zero(self, record: Record) -> bool | None:
         lr = record.get("lr")
         if record.get("opt_step") is None or not isinstance(lr, list) or not lr:
             return None
-        return all(v == 0 for v in lr)
+        values = [number(v) for v in lr]
+        if any(v is None for v in values):
+            return None
+        if len(self.peak) != len(values):
+            self.peak = [0.0] * len(values)
+        self.peak = [max(p, abs(v or 0.0)) for p, v in zip(self.peak, values, strict=True)]
+        return all(v == 0 or abs(v or 0.0) <= self.collapse * p for v, p in zip(values, self.peak, strict=True))
 
     def check(self, record: Record) -> Record | None:
         zero = self._zero(record)
         if zero is None:
             return None
-        # A warm-up may start at 0: only a run of zeros counts.
         self.run = self.run + 1 if zero else 0
         if self.run < self.steps:
             return None
+        lr = record.get("lr")
+        collapsed = any(v != 0 for v in lr or ())
         return alert(
-            self.id, "warning", record.get("step"), f"learning rate is 0 for {self.run} optimizer steps",
-            {"lr": record.get("lr"), "steps": self.run}, "read the schedule (warm-up, decay, step size)",
+            self.id, "warning", record.get("step"),
+            f"learning rate is {'collapsed to ' + str(lr) if collapsed else '0'} for {self.run} optimizer steps"
+            + (f" (it was {self.peak})" if collapsed else ""),
+            {"lr": lr, "peak_lr": list(self.peak), "steps": self.run},
+            "read the schedule (warm-up, decay, step size; scheduler.step() once per epoch or per batch?)",
         )  # fmt: skip
 
     def clears(self, record: Record) -> bool:

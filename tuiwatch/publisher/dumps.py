@@ -1,0 +1,198 @@
+"""Dumps (SPEC §7): what was in hand when a rule fired, saved so the failure can be replayed.
+
+``dumps/<step>-<reason>/`` in the run directory holds:
+
+- ``dump.json``: reason, step, the alert, the batch's sample ids, the
+  environment (versions, argv, seed, determinism flags) and which files exist;
+- ``batch.pt``: the batch exactly as the loader yielded it (tensors on the CPU);
+- ``records.jsonl``: the last ledger records up to the one that fired;
+- ``weights.pt``: the model's state dict, only for ``nonfinite`` under
+  ``on_nonfinite="stop"``, where the bad update was never applied;
+- ``cuda_memory.txt``: ``torch.cuda.memory_summary()`` when CUDA is in use.
+
+A dump is written into a hidden temporary directory and renamed into place,
+so a crash never leaves a half-written dump under its final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuiwatch._version import __version__
+from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.codec import encode
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.records import Record
+
+DUMP_REASONS = ("nonfinite", "oom", "loss-spike")
+
+
+@dataclass
+class Dump:
+    """A dump read back by :func:`load_dump`: plain objects, tensors on the CPU."""
+
+    path: Path
+    reason: str
+    step: int
+    alert: Record | None
+    batch: Any
+    batch_ids: list[int] | None
+    records: list[Record]
+    env: dict[str, Any]
+    weights: dict[str, torch.Tensor] | None = None
+    cuda_memory: str | None = None
+    files: list[str] = field(default_factory=list)
+
+
+def environment(seed: int | None) -> dict[str, Any]:
+    """Versions, command line, seed and determinism switches: what it takes to rerun this."""
+    cudnn = torch.backends.cudnn
+    try:
+        import numpy
+
+        numpy_version: str | None = numpy.__version__
+    except ImportError:
+        numpy_version = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy_version,
+        "tuiwatch": __version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn.version() if cudnn.is_available() else None,  # type: ignore[no-untyped-call]
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "argv": list(sys.argv),
+        "seed": seed,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cudnn_deterministic": bool(cudnn.deterministic),
+        "cudnn_benchmark": bool(cudnn.benchmark),
+        "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+        "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
+    }
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):  # named tuples too: a plain tuple loads back without their class
+        return tuple(_to_cpu(v) for v in obj)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if obj is None or isinstance(obj, int | float | str | bool):
+        return obj
+    return repr(obj)  # what weights_only loading cannot take back is kept as text
+
+
+def nonfinite_samples(batch: Any, batch_ids: list[int] | None) -> list[int] | None:
+    """The ids of the samples whose floating tensors hold NaN/inf (rows along the batch dimension)."""
+    if batch_ids is None:
+        return None
+    bad = torch.zeros(len(batch_ids), dtype=torch.bool)
+    stack = [batch]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            if obj.is_floating_point() and obj.dim() and obj.shape[0] == len(batch_ids):
+                bad |= ~torch.isfinite(obj.detach()).reshape(len(batch_ids), -1).all(dim=1).cpu()
+        elif isinstance(obj, list | tuple):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+    return [batch_ids[i] for i in bad.nonzero().flatten().tolist()]
+
+
+def write_dump(
+    run_dir: Path,
+    *,
+    step: int,
+    reason: str,
+    alert: Record | None,
+    batch: Any,
+    batch_ids: list[int] | None,
+    records: Iterable[Record],
+    seed: int | None,
+    weights: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write ``dumps/<step>-<reason>/`` atomically and return its path."""
+    parent = run_dir / "dumps"
+    parent.mkdir(exist_ok=True)
+    final = parent / f"{step}-{reason}"
+    n = 1
+    while final.exists():
+        n += 1
+        final = parent / f"{step}-{reason}-{n}"
+    tmp = parent / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        files = ["dump.json", "records.jsonl"]
+        if batch is not None:
+            torch.save(_to_cpu(batch), tmp / "batch.pt")
+            files.append("batch.pt")
+        if weights is not None:
+            torch.save({k: v.detach().cpu() for k, v in weights.items()}, tmp / "weights.pt")
+            files.append("weights.pt")
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            (tmp / "cuda_memory.txt").write_text(torch.cuda.memory_summary())
+            files.append("cuda_memory.txt")
+        (tmp / "records.jsonl").write_bytes(b"".join(encode(r) for r in records))
+        meta = {"reason": reason, "step": step, "alert": alert, "batch_ids": batch_ids,
+                "nonfinite_sample_ids": nonfinite_samples(batch, batch_ids),
+                "env": environment(seed), "files": sorted(files)}  # fmt: skip
+        (tmp / "dump.json").write_text(json.dumps(meta, indent=1, default=repr))
+        for name in files:
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def load_dump(path: str | os.PathLike[str]) -> Dump:
+    """Read a dump directory back: the batch, its ids, the last records, the environment, the weights."""
+    root = Path(path)
+    meta_path = root / "dump.json"
+    if not meta_path.is_file():
+        raise TuiwatchError(f"{root} is not a tuiwatch dump (no dump.json): give a runs/<run>/dumps/<step>-<reason>/")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TuiwatchError(f"cannot read {meta_path}: {exc}") from None
+    files = list(meta.get("files") or [])
+
+    def tensors(name: str) -> Any:
+        if name not in files:
+            return None
+        # weights_only: a dump may come from someone else's run; nothing in it runs code on load.
+        return torch.load(root / name, map_location="cpu", weights_only=True)
+
+    memory = root / "cuda_memory.txt"
+    return Dump(
+        path=root,
+        reason=str(meta.get("reason")),
+        step=int(meta.get("step", -1)),
+        alert=meta.get("alert"),
+        batch=tensors("batch.pt"),
+        batch_ids=meta.get("batch_ids"),
+        records=list(read_ledger(root / "records.jsonl")) if "records.jsonl" in files else [],
+        env=dict(meta.get("env") or {}),
+        weights=tensors("weights.pt"),
+        cuda_memory=memory.read_text() if memory.is_file() else None,
+        files=files,
+    )
