@@ -41,6 +41,7 @@ def test_public_names_resolve_lazily():
 
 def test_the_publisher_loads_torch_but_never_textual():
     assert loaded_after(["tuiwatch.publisher"]) == {"torch"}
+    assert loaded_after(["tuiwatch.publisher.dumps", "tuiwatch.microscope.first_nonfinite"]) == {"torch"}
 
 
 def test_ls_help_does_not_import_torch():

@@ -50,8 +50,9 @@ def test_grad_explosion_fires_when_norm_grows_100x():
     assert [(a["step"], a["severity"]) for a in alerts] == [(31, "warning")]
     assert "last: 1.03 → 1.04 → 4 → 800" in alerts[0]["message"]
     assert alerts[0]["evidence"]["grad_norm"] == 800.0
-    assert fired([*records, step(32), step(33)], "grad-explosion") == [
-        ("grad-explosion", 31, "warning"), ("grad-explosion", 32, "info"),
+    calm = [step(i) for i in range(32, 60)]
+    assert fired([*records, *calm], "grad-explosion") == [
+        ("grad-explosion", 31, "warning"), ("grad-explosion", 51, "info"),
     ]  # fmt: skip
 
 
@@ -154,7 +155,7 @@ def test_loss_spike_fires_on_one_bad_batch_and_not_on_a_noisy_loss():
     spiked = [dict(r) for r in noisy[:200]]
     spiked[150] = step(150, loss=40.0, batch_ids=[7, 8, 9])
     alerts = Diagnosis(["loss-spike"]).run(spiked)
-    assert [(a["step"], a["severity"]) for a in alerts] == [(150, "warning"), (151, "info")]
+    assert [(a["step"], a["severity"]) for a in alerts] == [(150, "warning"), (170, "info")]
     assert alerts[0]["evidence"]["batch_ids"] == [7, 8, 9]
 
 

@@ -14,6 +14,8 @@ from tuiwatch._version import __version__
 if TYPE_CHECKING:
     from tuiwatch.errors import NonFiniteError, StopRequested, TuiwatchError
     from tuiwatch.ledger.reader import read_ledger
+    from tuiwatch.microscope.first_nonfinite import first_nonfinite_module
+    from tuiwatch.publisher.dumps import load_dump
     from tuiwatch.publisher.watch import Watch
 
 _PUBLIC = {
@@ -22,9 +24,20 @@ _PUBLIC = {
     "StopRequested": "tuiwatch.errors",
     "TuiwatchError": "tuiwatch.errors",
     "read_ledger": "tuiwatch.ledger.reader",
+    "load_dump": "tuiwatch.publisher.dumps",
+    "first_nonfinite_module": "tuiwatch.microscope.first_nonfinite",
 }
 
-__all__ = ["NonFiniteError", "StopRequested", "TuiwatchError", "Watch", "__version__", "read_ledger"]
+__all__ = [
+    "NonFiniteError",
+    "StopRequested",
+    "TuiwatchError",
+    "Watch",
+    "__version__",
+    "first_nonfinite_module",
+    "load_dump",
+    "read_ledger",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,6 +20,12 @@ from typing import Any
 
 from tuiwatch.errors import TuiwatchError
 
+# The scenario names, spelled here so that `demo --help` imports no torch (tuiwatch.demo.faults.FAULTS).
+FAULT_NAMES = (
+    "nan-input", "log-zero", "big-lr", "numpy-graph", "optimizer-copy", "lr-collapse", "shuffled-labels",
+    "slow-loader", "kept-graphs", "long-sequence", "overfit", "eval-train-mode", "corrupt-batch",
+)  # fmt: skip
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -32,6 +38,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--steps", type=_positive_int, default=3000, help="training steps (default 3000)")
     p.add_argument(
         "--delay", type=float, default=0.01, metavar="SECONDS", help="pause per step so it can be watched (0.01)"
+    )
+    p.add_argument(
+        "--fault",
+        choices=FAULT_NAMES,
+        metavar="FAULT",
+        help="plant one bug that a rule should name: " + ", ".join(FAULT_NAMES),
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-dir", default="runs", help="where the run directory goes (default ./runs)")
@@ -57,7 +69,35 @@ def _train(args: argparse.Namespace) -> int:
         from tuiwatch.demo.training import run_demo
     except ImportError as exc:
         raise TuiwatchError(f"the demo needs torch ({exc.name} is missing): pip install 'tuiwatch[demo]'") from None
+    if args.fault:
+        return _train_with_fault(args)
     run_demo(args.model, steps=args.steps, delay_s=max(0.0, args.delay), seed=args.seed, run_dir=args.run_dir)
+    return 0
+
+
+def _train_with_fault(args: argparse.Namespace) -> int:
+    from tuiwatch.demo.faults import scenario
+    from tuiwatch.ledger.reader import read_ledger
+
+    fault = scenario(args.fault)
+    print(f"tuiwatch demo: fault {args.fault} ({(fault.__doc__ or '').strip().splitlines()[0]}); expect {fault.RULE}")
+    outcome = fault.run(steps=args.steps, seed=args.seed, run_dir=args.run_dir, delay_s=max(0.0, args.delay))
+    ledger = outcome.watch.ledger_path
+    alerts = [r for r in read_ledger(ledger) if r.get("kind") == "alert"] if ledger else []
+    for a in alerts:
+        if a.get("severity") != "info":
+            print(f"  step {a.get('step')}: {a.get('rule')} — {a.get('message')}")
+    if outcome.error is not None:
+        print(f"  raised {type(outcome.error).__name__}: {str(outcome.error).splitlines()[0][:300]}")
+    dump = getattr(outcome.error, "dump", None)
+    if dump:
+        from tuiwatch.microscope.first_nonfinite import first_nonfinite_module
+        from tuiwatch.publisher.dumps import load_dump
+
+        site = first_nonfinite_module(outcome.watch.model, load_dump(dump).batch)
+        print(f"  first_nonfinite_module(model, load_dump(dump).batch): {site}")
+    ended = f"it raised {type(outcome.error).__name__}" if outcome.error else "it finished"
+    print(f"tuiwatch demo: {outcome.steps} steps, {ended}; ledger {ledger or '(memory only)'}")
     return 0
 
 
@@ -68,7 +108,7 @@ def _train_and_view(args: argparse.Namespace) -> int:
 
     argv = [sys.executable, "-m", "tuiwatch", "demo", "--no-viewer", "--model", args.model]
     argv += ["--steps", str(args.steps), "--delay", str(args.delay), "--seed", str(args.seed)]
-    argv += ["--run-dir", args.run_dir]
+    argv += ["--run-dir", args.run_dir] + (["--fault", args.fault] if args.fault else [])
     with tempfile.TemporaryFile() as err:
         child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
         try:

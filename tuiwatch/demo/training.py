@@ -31,7 +31,7 @@ class Problem:
     val: tuple[torch.Tensor, torch.Tensor]
 
 
-def mlp_problem(seed: int) -> Problem:
+def mlp_problem(seed: int, dropout: float = 0.0) -> Problem:
     g = torch.Generator().manual_seed(seed)
     w = torch.tensor([1.5, -1.0])
 
@@ -40,12 +40,12 @@ def mlp_problem(seed: int) -> Problem:
         return x, (x @ w > 0).long()
 
     x, y = sample(4096)
-    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 2))
+    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 2))
     loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, generator=g)
     return Problem(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), loader, sample(512))
 
 
-def cnn_problem(seed: int, classes: int = 4) -> Problem:
+def cnn_problem(seed: int, dropout: float = 0.0, classes: int = 4) -> Problem:
     g = torch.Generator().manual_seed(seed)
 
     def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,13 +65,14 @@ def cnn_problem(seed: int, classes: int = 4) -> Problem:
         nn.ReLU(),
         nn.MaxPool2d(2),
         nn.Flatten(),
+        nn.Dropout(dropout),
         nn.Linear(16 * 8 * 8, classes),
     )
     loader = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, generator=g)
     return Problem(model, torch.optim.Adam(model.parameters(), lr=1e-3), loader, sample(256))
 
 
-PROBLEMS: dict[str, Callable[[int], Problem]] = {"mlp": mlp_problem, "cnn": cnn_problem}
+PROBLEMS: dict[str, Callable[..., Problem]] = {"mlp": mlp_problem, "cnn": cnn_problem}
 
 
 def run_demo(

@@ -68,11 +68,12 @@ def _shape_and_tensors(batch: Any, tensors: list[torch.Tensor]) -> Any:
 class BatchInfo:
     """What the step record says about a batch, measured without a sync."""
 
-    __slots__ = ("finite_probe", "shape", "size", "tokens")
+    __slots__ = ("finite_probe", "nbytes", "shape", "size", "tokens")
 
     def __init__(self, batch: Any):
         tensors: list[torch.Tensor] = []
         self.shape = _shape_and_tensors(batch, tensors)
+        self.nbytes = sum(t.nbytes for t in tensors)
         first = tensors[0] if tensors else None
         self.size: int | None = int(first.shape[0]) if first is not None and first.dim() else None
         probe: torch.Tensor | None = None

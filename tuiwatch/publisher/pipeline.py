@@ -171,7 +171,7 @@ class Pipeline:
                 done.set()
         now = time.monotonic()
         if self._sampler is not None and self._sampler.due(now):
-            self._append([self._sampler.sample(now)])
+            self._append(self._diagnose([self._sampler.sample(now)]))
         if now >= self._next_counters:
             self._next_counters = now + 1.0
             self._write_counters(force=False)

@@ -39,8 +39,10 @@ from tuiwatch.rules import Diagnosis, RulesConfig
 T = TypeVar("T")
 ON_NONFINITE = ("stop", "skip", "warn")
 # Batches kept (by reference, no copy) so that a dump written a few steps after
-# its step, on the publisher thread, still has the tensors.
-RECENT_BATCHES = 4
+# its step, on the publisher thread, still has the tensors: at most this many,
+# and no more bytes than the budget (always the latest one).
+RECENT_BATCHES = 64
+RECENT_BATCH_BYTES = 256 << 20
 # How long the training thread waits for the ledger and the dump at a
 # non-finite stop or an OOM (it is ending or failing anyway).
 STOP_SYNC_S = 30.0
@@ -154,7 +156,8 @@ class Watch:
         self._before_update: list[torch.Tensor] | None = None
         self._param_cache: tuple[int, list[torch.Tensor]] = (-1, [])
         self._hooks: list[Any] = []
-        self._recent_batches: deque[tuple[int, Any, list[int] | None]] = deque(maxlen=RECENT_BATCHES)
+        self._recent_batches: deque[tuple[int, Any, list[int] | None, int]] = deque()
+        self._recent_bytes = 0
         self._stopping_step: int | None = None  # the step whose non-finite stop waits for its dump
         self._last_dump: str | None = None
         self._oom_seen = 0  # id() of the last OOM recorded, so that each is recorded once
@@ -234,12 +237,19 @@ class Watch:
                 s.epoch = epoch
                 s.data_wait_s = t1 - t0
                 s.batch_ids = ids
-                self._recent_batches.append((s.step, batch, ids))
                 if s.step % self.every == 0:
                     s.batch = BatchInfo(batch)
+                    self._keep_batch(s.step, batch, ids, s.batch.nbytes)
                 yield batch
         finally:
             self._end_step(clock())
+
+    def _keep_batch(self, step: int, batch: Any, ids: list[int] | None, nbytes: int) -> None:
+        kept = self._recent_batches
+        kept.append((step, batch, ids, nbytes))
+        self._recent_bytes += nbytes
+        while len(kept) > 1 and (len(kept) > RECENT_BATCHES or self._recent_bytes > RECENT_BATCH_BYTES):
+            self._recent_bytes -= kept.popleft()[3]
 
     def step(self) -> None:
         """Mark a step boundary in a loop that does not draw from :meth:`batches`."""
@@ -431,7 +441,10 @@ class Watch:
         reason, step = found.get("rule"), found.get("step")
         if reason not in DUMP_REASONS or self.run_dir is None or not isinstance(step, int):
             return None
-        batch, ids = next(((b, i) for st, b, i in list(self._recent_batches) if st == step), (None, None))
+        batch, ids = next(((b, i) for st, b, i, _ in list(self._recent_batches) if st == step), (None, None))
+        if ids is None:
+            ids = next((r.get("batch_ids") for r in reversed(records) if r.get("kind") == "step"
+                        and r.get("step") == step), None)  # fmt: skip
         weights = None
         if reason == "nonfinite" and self._stopping_step == step:
             # The training thread waits in _stop_nonfinite and the bad update

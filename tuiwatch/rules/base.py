@@ -38,9 +38,14 @@ class Rule:
 
     id = ""
     kinds: tuple[str, ...] = ("step",)
+    # Records in a row that must look clear before an episode ends: a rule
+    # whose condition flickers (a diverging loss spikes every few steps) then
+    # speaks once, not at every flicker.
+    clear_after = 1
 
     def __init__(self) -> None:
         self.active = False
+        self.calm = 0
 
     def check(self, record: Record) -> Record | None:
         raise NotImplementedError
@@ -51,8 +56,10 @@ class Rule:
 
     def observe(self, record: Record) -> Record | None:
         if self.active:
-            if self.clears(record):
+            self.calm = self.calm + 1 if self.clears(record) else 0
+            if self.calm >= self.clear_after:
                 self.active = False
+                self.calm = 0
                 return alert(self.id, "info", record.get("step"), f"{self.id} cleared", {}, "")
             return None
         found = self.check(record)

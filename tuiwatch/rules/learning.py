@@ -15,18 +15,21 @@ class NoUpdate(Rule):
 
     Two signals, either suffices: the sampled ``update_norm`` is exactly 0 on
     ``samples`` measured steps in a row, or ``param_norm`` is bit-identical over
-    ``steps`` optimizer steps; both only while the grad norm is positive. A run
-    whose every lr is 0 is left to ``lr-zero``, which names the cause.
+    ``steps`` optimizer steps; both only while the grad norm is positive and
+    the expected step (lr × grad norm) is above ``resolution`` × the parameter
+    norm, which float32 weights can register. A run whose every lr is 0 is
+    left to ``lr-zero``, which names the cause.
     """
 
     id = "no-update"
 
-    def __init__(self, samples: int = 3, steps: int = 20):
+    def __init__(self, samples: int = 3, steps: int = 20, lr_fallen: float = 1e-3, resolution: float = 1e-5):
         super().__init__()
-        self.samples, self.steps = samples, steps
+        self.samples, self.steps, self.lr_fallen, self.resolution = samples, steps, lr_fallen, resolution
         self.zero_updates = 0
         self.same_params = 0
         self.last_param: float | None = None
+        self.peak_lr = 0.0
 
     def _still(self, record: Record) -> bool | None:
         """Whether this optimizer step left the parameters where they were (None: nothing to say)."""
@@ -34,9 +37,15 @@ class NoUpdate(Rule):
         lr = record.get("lr")
         if record.get("opt_step") is None or record.get("opt_skipped") or not grad or not math.isfinite(grad):
             return None
-        if isinstance(lr, list) and lr and all(v == 0 for v in lr):
+        lrs = [abs(v) for v in lr if type(v) in (int, float)] if isinstance(lr, list) else []
+        if lrs and max(lrs) == 0:
             return None
+        self.peak_lr = max(self.peak_lr, *lrs) if lrs else self.peak_lr
         update, param = number(record.get("update_norm")), number(record.get("param_norm"))
+        # A step of about lr x grad norm that float32 cannot even register on the weights
+        # (a converged model at the end of a decay) is not "no update".
+        if lrs and param and max(lrs) * grad < self.resolution * param:
+            return None
         if update is not None:
             self.zero_updates = self.zero_updates + 1 if update == 0 else 0
         if param is not None:
@@ -47,13 +56,21 @@ class NoUpdate(Rule):
     def check(self, record: Record) -> Record | None:
         if not self._still(record):
             return None
-        return alert(
-            self.id, "critical", record.get("step"),
+        lr = record.get("lr")
+        top = max((abs(v) for v in lr if type(v) in (int, float)), default=None) if isinstance(lr, list) else None
+        fallen = top is not None and top <= self.lr_fallen * self.peak_lr
+        message = (
             f"gradients are nonzero (norm {record.get('grad_norm'):.3g}) but the parameters do not change "
-            f"(update norm {record.get('update_norm')}, param norm {record.get('param_norm')})",
+            f"(update norm {record.get('update_norm')}, param norm {record.get('param_norm')})"
+        )
+        if fallen:
+            message += f"; the lr fell to {top:.3g} from {self.peak_lr:.3g}"
+        return alert(
+            self.id, "critical", record.get("step"), message,
             {"grad_norm": record.get("grad_norm"), "update_norm": record.get("update_norm"),
-             "param_norm": record.get("param_norm"), "lr": record.get("lr"),
+             "param_norm": record.get("param_norm"), "lr": lr, "peak_lr": self.peak_lr,
              "zero_updates": self.zero_updates, "same_param_steps": self.same_params},
+            "read the schedule: the lr is too small to move the weights" if fallen else
             "the optimizer holds other parameters (built on a copy?), the lr is 0, or the parameters are frozen",
         )  # fmt: skip
 
@@ -124,6 +141,7 @@ class LossSpike(Rule):
     """
 
     id = "loss-spike"
+    clear_after = 20
 
     def __init__(self, window: int = 100, k: float = 12.0, ratio: float = 2.0, min_history: int = 30):
         super().__init__()

@@ -42,6 +42,7 @@ class GradExplosion(Rule):
     """The pre-clip gradient norm jumps orders of magnitude above its recent median, or is huge."""
 
     id = "grad-explosion"
+    clear_after = 20
 
     def __init__(self, window: int = 50, ratio: float = 100.0, huge: float = 1e6, min_history: int = 20):
         super().__init__()

@@ -1,0 +1,42 @@
+"""Run every fault scenario and the healthy matrix (2 models x 2 variants x 5 seeds x 1,000 steps) on the CPU,
+and write the measured table into docs/rules.md between its matrix markers.
+
+    python bench/rule_matrix.py           # print the table and update docs/rules.md
+    python bench/rule_matrix.py --check   # print it; exit 1 if a fault is missed or a healthy run alerts
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+from tuiwatch.demo.matrix import all_rows, as_markdown
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "rules.md"
+START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="do not touch the docs")
+    args = parser.parse_args()
+    started = time.monotonic()
+    faults, healthy = all_rows()
+    table = as_markdown(faults, healthy)
+    print(table)
+    print(f"\n({time.monotonic() - started:.0f} s)")
+    bad = [r.run for r in faults if r.first(r.expected or "") is None] + [r.run for r in healthy if r.alerts]
+    if not args.check:
+        text = DOC.read_text()
+        body = f"{START}\n{table}\n{END}"
+        DOC.write_text(re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: body, text, flags=re.S))
+    if bad:
+        print(f"not as expected: {', '.join(bad)}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

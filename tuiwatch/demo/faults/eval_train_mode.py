@@ -1,0 +1,30 @@
+"""Validation run in train mode, with dropout on.
+
+The loop forgets ``model.eval()`` before validating. Expected: ``eval-mode``
+at the first validation (step 100).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tuiwatch.demo.faults.common import Outcome, loader, mlp, separable, train
+
+RULE = "eval-mode"
+STARTS = 100
+
+
+def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    x, y = separable(4096, g)
+    model = mlp(dropout=0.3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return train(model, optimizer, loader(x, y, g), name="fault-eval-train-mode", steps=steps, run_dir=run_dir,
+                 seed=seed, val=separable(512, g), val_every=STARTS, val_in_train_mode=True, **kw)  # fmt: skip
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,36 @@
+"""Losses kept in a list with their graphs.
+
+``losses.append(loss)`` instead of ``loss.item()``, with
+``backward(retain_graph=True)`` (added once to silence "Trying to backward
+through the graph a second time"), keeps every step's activations alive: the
+process grows by about 0.25 MB a step. Expected:
+``memory-growth`` on the RSS series, about 15 system samples in (the demo
+samples every 0.25 s to make that 4 s).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tuiwatch.demo.faults.common import Outcome, loader, mlp, separable, train
+
+RULE = "memory-growth"
+STARTS = 0
+
+
+def run(steps: int = 3000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    x, y = separable(8192, g)
+    model = mlp(width=128)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    kw.setdefault("system", 0.25)
+    kw.setdefault("delay_s", 0.005)
+    return train(model, optimizer, loader(x, y, g, batch_size=256), name="fault-kept-graphs", steps=steps,
+                 run_dir=run_dir, seed=seed, keep_losses=True, **kw)  # fmt: skip  # the bug: keep_losses
+
+
+if __name__ == "__main__":
+    run()
