@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tuiwatch.ledger.reader import read_ledger
-from tuiwatch.rules import REGISTRY, Diagnosis
+from tuiwatch.rules import REGISTRY, Diagnosis, thresholds
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
 FINITE = {"batch": True, "forward": True, "loss": True, "grad": True, "param": True}
@@ -211,3 +211,11 @@ def test_straggler_names_the_slow_rank():
     records = [step(i, rank=r, compute_s=0.05 if r == 2 else 0.01) for i in range(30) for r in range(4)]
     alerts = Diagnosis(["straggler"]).run(records)
     assert [(a["evidence"]["rank"], a["step"]) for a in alerts] == [(2, 19)]
+
+
+def test_docs_name_every_rule_and_threshold():
+    text = (Path(__file__).parent.parent / "docs" / "rules.md").read_text()
+    for rule_id in REGISTRY:
+        assert f"| `{rule_id}` |" in text
+        for name in thresholds(rule_id):
+            assert f"`{name}`" in text, f"docs/rules.md does not document {rule_id}'s threshold {name}"

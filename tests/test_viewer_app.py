@@ -100,7 +100,8 @@ async def test_alerts_are_shown_newest_first_with_their_next_check():
         lines = plain(app.query_one(AlertsPane)).splitlines()
         assert lines[0] == "crit    120 nonfinite: first at step 120, boundary=grad (loss finite, grad norm inf)"
         assert lines[1] == "  → fix that boundary; dump saved"
-        assert lines[2].startswith("warn     60 loss-spike: loss 0.41 is 9.3 sd")
+        assert lines[2] == "  dump: runs/demo-mlp-20261202-170000/dumps/120-nonfinite"
+        assert lines[3].startswith("warn     60 loss-spike: loss 0.41 is 9.3 sd")
 
 
 async def test_strings_from_a_run_are_shown_literally(tmp_path: Path):

@@ -38,6 +38,7 @@ class Alert:
     message: str
     next_check: str = ""
     t: float = 0.0
+    dump: str = ""  # the dump directory the alert's evidence names
 
 
 @dataclass
@@ -159,6 +160,7 @@ class RunState:
                 message=str(r.get("message", "")),
                 next_check=str(r.get("next_check") or ""),
                 t=float(r["t"]) if _is_number(r.get("t")) else 0.0,
+                dump=str(evidence.get("dump") or "") if isinstance(evidence := r.get("evidence"), dict) else "",
             )
         )
 

@@ -33,4 +33,6 @@ class AlertsPane(Pane):
             rows.append(line)
             if alert.next_check:
                 rows.append(Text(f"  → {safe(alert.next_check, MAX_MESSAGE)}", style="dim"))
+            if alert.dump:
+                rows.append(Text(f"  dump: {safe(alert.dump, MAX_MESSAGE)}", style="dim"))
         return Group(*rows)
