@@ -79,6 +79,25 @@ def test_demo_cnn_trains(tmp_path: Path, socket_dir: Path):
     assert [r for r in ledger if r["kind"] == "alert" and r["severity"] != "info"] == []
 
 
+def test_demo_fault_prints_the_rule_that_names_it_and_the_first_bad_module(tmp_path: Path, socket_dir: Path):
+    out = tw(socket_dir, "demo", "--no-viewer", "--fault", "nan-input", "--delay", "0", "--run-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "tuiwatch demo: fault nan-input (A NaN in one input sample.); expect nonfinite"
+    assert lines[1].startswith("  step ")
+    assert "nonfinite — first at step" in lines[1]
+    assert "boundary=batch" in lines[1]
+    assert lines[2].startswith("  raised NonFiniteError: nonfinite: first at step")
+    assert lines[3] == (
+        "  first_nonfinite_module(model, load_dump(dump).batch): the batch itself holds NaN/inf; "
+        "first non-finite output: 0 (Linear)"
+    )
+    assert len(list(tmp_path.glob("fault-nan-input-*/dumps/*-nonfinite/weights.pt"))) == 1
+    unknown = tw(socket_dir, "demo", "--fault", "nan")
+    assert unknown.returncode == 2
+    assert "argument --fault: invalid choice: 'nan'" in unknown.stderr
+
+
 def test_help_is_there_for_every_command(socket_dir: Path):
     for args in ((), ("ls",), ("demo",), ("attach",), ("replay",), ("report",)):
         out = tw(socket_dir, *args, "--help")

@@ -151,7 +151,7 @@ class LossSpike(Rule):
         self.added = 0
 
     def _spiked(self, record: Record) -> float | None:
-        """The loss if it is a spike; an ordinary loss joins the window (the bar moves every 10 of them)."""
+        """The loss if it is a spike; an ordinary loss joins the window (the bar moves every 25 of them)."""
         loss = number(record.get("loss"))
         if loss is None or not math.isfinite(loss):
             return None
@@ -159,7 +159,7 @@ class LossSpike(Rule):
             return loss
         self.recent.append(loss)
         self.added += 1
-        if len(self.recent) >= self.min_history and (self.bar is None or self.added % 10 == 0):
+        if len(self.recent) >= self.min_history and (self.bar is None or self.added % 25 == 0):
             median = statistics.median(self.recent)
             mad = statistics.median(abs(v - median) for v in self.recent) * 1.4826
             self.bar = max(median + self.k * max(mad, 0.01 * abs(median)), self.ratio * median)
