@@ -16,6 +16,7 @@ from tuiwatch.demo.faults.common import Outcome
 from tuiwatch.demo.healthy import VARIANTS
 from tuiwatch.demo.matrix import HEALTHY_STEPS, SEEDS, healthy_row
 from tuiwatch.demo.training import MODELS
+from tuiwatch.publisher.dumps import Dump
 
 # fault → (steps to run, the step the fault begins (None: when the planted sample is drawn), most steps to detect)
 EXPECTED: dict[str, tuple[int, int | None, int]] = {
@@ -38,6 +39,12 @@ EXPECTED: dict[str, tuple[int, int | None, int]] = {
 def run(name: str, run_root: Path) -> tuple[Outcome, list[dict[str, Any]]]:
     outcome = scenario(name).run(steps=EXPECTED[name][0], run_dir=run_root)
     return outcome, list(tuiwatch.read_ledger(outcome.watch.run_dir or ""))
+
+
+def dump_at(path: str | Path) -> Dump:
+    dump = tuiwatch.load_dump(path)
+    assert isinstance(dump, Dump)
+    return dump
 
 
 def alerts(ledger: list[dict[str, Any]], rule: str) -> list[dict[str, Any]]:
@@ -86,7 +93,7 @@ def test_nan_input_stops_before_the_update_with_a_dump_of_the_batch_and_healthy_
     assert ledger[-1]["kind"] == "end"
     assert ledger[-1]["reason"] == "nonfinite"
 
-    dump = tuiwatch.load_dump(error.dump)
+    dump = dump_at(error.dump)
     assert Path(error.dump).name == f"{bad_step}-nonfinite"
     assert (dump.reason, dump.step) == ("nonfinite", bad_step)
     assert 1234 in (dump.batch_ids or [])
@@ -115,18 +122,18 @@ def test_log_zero_is_named_at_the_loss_not_the_model(run_root: Path, socket_dir:
     (alert,) = alerts(ledger, "nonfinite")
     assert alert["evidence"]["failed"][0] == "loss"
     assert outcome.error.dump is not None
-    site = tuiwatch.first_nonfinite_module(outcome.watch.model, tuiwatch.load_dump(outcome.error.dump).batch)
+    site = tuiwatch.first_nonfinite_module(outcome.watch.model, dump_at(outcome.error.dump).batch)
     assert site.module is None
     assert site.batch_finite
 
 
 def test_a_spike_dumps_its_batch_and_names_its_ids(run_root: Path, socket_dir: Path):
-    # The dump is written on the publisher thread; the batch is still held while fewer than 64 steps passed.
+    # The dump is written on the publisher thread; the batch is still held while fewer than 32 steps passed.
     outcome = scenario("corrupt-batch").run(steps=100, run_dir=run_root, delay_s=0.002)
     ledger = list(tuiwatch.read_ledger(outcome.watch.run_dir or ""))
     alert = alerts(ledger, "loss-spike")[0]
     assert alert["evidence"]["batch_ids"] == list(range(3200, 3264))
-    dump = tuiwatch.load_dump(alert["evidence"]["dump"])
+    dump = dump_at(alert["evidence"]["dump"])
     assert Path(alert["evidence"]["dump"]).name == "50-loss-spike"
     assert dump.batch_ids == list(range(3200, 3264))
     assert dump.weights is None  # only a non-finite stop keeps weights
@@ -142,7 +149,7 @@ def test_an_oom_is_recorded_and_the_original_exception_goes_on(run_root: Path, s
     assert alert["evidence"]["batch_shape"] == [[2, 524288, 8], [2]]
     assert alert["evidence"]["rss"] > 0
     assert alert["message"].startswith("out of memory at step 20 with batch [[2, 524288, 8], [2]]")
-    assert tuiwatch.load_dump(alert["evidence"]["dump"]).batch[0].shape == (2, 524288, 8)
+    assert dump_at(alert["evidence"]["dump"]).batch[0].shape == (2, 524288, 8)
     steps = [r for r in ledger if r["kind"] == "step"]
     assert steps[-1]["oom"]["error"] == "RuntimeError"
 

@@ -171,14 +171,14 @@ def system(i: int, rss: float) -> dict[str, Any]:
 
 def test_memory_growth_fires_on_steady_growth_not_on_growth_that_plateaus():
     mib = 1 << 20
-    leak = [system(i, 500 * mib + 20 * mib * i) for i in range(20)]
+    leak = [system(i, 500 * mib + 20 * mib * i) for i in range(30)]
     alerts = Diagnosis(["memory-growth"]).run(leak)
     assert [a["severity"] for a in alerts] == ["warning"]
     assert alerts[0]["evidence"]["series"] == "rss"
-    plateau = [system(i, 500 * mib + 40 * mib * min(i, 8)) for i in range(40)]
+    plateau = [system(i, 500 * mib + 40 * mib * min(i, 12)) for i in range(60)]
     assert fired(plateau, "memory-growth") == []
-    cuda = [step(i, mem_allocated=100 * mib + 2 * mib * i) for i in range(30)]
-    assert fired(cuda, "memory-growth")[0][:2] == ("memory-growth", 14)
+    cuda = [step(i, mem_allocated=100 * mib + 4 * mib * i) for i in range(40)]
+    assert fired(cuda, "memory-growth")[0][:2] == ("memory-growth", 24)
 
 
 def test_oom_fires_from_the_step_that_failed():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -47,10 +48,14 @@ def main() -> None:
     p.add_argument("--truth", default=None)
     p.add_argument("--no-close", action="store_true", help="leave closing to interpreter exit")
     p.add_argument("--stall-s", type=float, default=5.0)
+    p.add_argument("--resume", default=None, help="a checkpoint to restore before training")
+    p.add_argument("--stop-mode", default="flag", choices=("flag", "raise"))
+    p.add_argument("--width", type=int, default=32, help="hidden width (a larger state dict)")
     args = p.parse_args()
 
+    torch.set_num_threads(1)  # bit-identical losses between a run and its resumed copy
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 2))
+    model = nn.Sequential(nn.Linear(2, args.width), nn.ReLU(), nn.Linear(args.width, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
     loader = DataLoader(
@@ -61,11 +66,24 @@ def main() -> None:
         generator=torch.Generator().manual_seed(1),
     )
     watch = tuiwatch.Watch(
-        model, opt, name=args.name, scheduler=sched, run_dir=args.run_dir, viewer_stall_s=args.stall_s
-    )
+        model, opt, name=args.name, scheduler=sched, run_dir=args.run_dir, viewer_stall_s=args.stall_s,
+        stop=args.stop_mode,
+    )  # fmt: skip
+    step = watch.restore(args.resume).step if args.resume else 0
     truth = open(args.truth, "w") if args.truth else None
-    step = 0
-    while step < args.steps:
+    try:
+        train(args, watch, model, opt, sched, loader, truth, step)
+    except tuiwatch.StopRequested as exc:
+        print(f"stopped: {exc}", flush=True)
+    if truth:
+        truth.close()
+    if not args.no_close:
+        watch.close()
+
+
+def train(args: argparse.Namespace, watch: tuiwatch.Watch, model: nn.Module, opt: Any, sched: Any,
+          loader: DataLoader[Any], truth: TextIO | None, step: int) -> None:  # fmt: skip
+    while step < args.steps and not watch.should_stop:
         for x, y, ids in watch.batches(loader):
             loss = nn.functional.cross_entropy(model(x), y)
             watch.log(loss=loss)
@@ -84,16 +102,12 @@ def main() -> None:
             step += 1
             if args.step_sleep:
                 time.sleep(args.step_sleep)  # paces the run so a test can act mid-run
-            if step >= args.steps:
+            if step >= args.steps or watch.should_stop:
                 break
         with watch.validation(), torch.no_grad():
             model.eval()
             watch.log(val_loss=nn.functional.cross_entropy(model(loader.dataset.x), loader.dataset.y))  # type: ignore[attr-defined]
         model.train()
-    if truth:
-        truth.close()
-    if not args.no_close:
-        watch.close()
 
 
 if __name__ == "__main__":

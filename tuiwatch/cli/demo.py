@@ -92,9 +92,11 @@ def _train_with_fault(args: argparse.Namespace) -> int:
     dump = getattr(outcome.error, "dump", None)
     if dump:
         from tuiwatch.microscope.first_nonfinite import first_nonfinite_module
-        from tuiwatch.publisher.dumps import load_dump
+        from tuiwatch.publisher.dumps import Dump, load_dump
 
-        site = first_nonfinite_module(outcome.watch.model, load_dump(dump).batch)
+        loaded = load_dump(dump)
+        assert isinstance(loaded, Dump)  # a directory: a dump, not a checkpoint
+        site = first_nonfinite_module(outcome.watch.model, loaded.batch)
         print(f"  first_nonfinite_module(model, load_dump(dump).batch): {site}")
     ended = f"it raised {type(outcome.error).__name__}" if outcome.error else "it finished"
     print(f"tuiwatch demo: {outcome.steps} steps, {ended}; ledger {ledger or '(memory only)'}")

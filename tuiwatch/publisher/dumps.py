@@ -34,6 +34,7 @@ from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.records import Record
+from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 
 DUMP_REASONS = ("nonfinite", "oom", "loss-spike")
 
@@ -164,12 +165,17 @@ def write_dump(
     return final
 
 
-def load_dump(path: str | os.PathLike[str]) -> Dump:
-    """Read a dump directory back: the batch, its ids, the last records, the environment, the weights."""
+def load_dump(path: str | os.PathLike[str]) -> Dump | Checkpoint:
+    """Read a dump directory back (batch, ids, last records, environment, weights), or a checkpoint file."""
     root = Path(path)
+    if root.is_file():
+        return load_checkpoint(root)
     meta_path = root / "dump.json"
     if not meta_path.is_file():
-        raise TuiwatchError(f"{root} is not a tuiwatch dump (no dump.json): give a runs/<run>/dumps/<step>-<reason>/")
+        raise TuiwatchError(
+            f"{root} is not a tuiwatch dump (no dump.json): give a runs/<run>/dumps/<step>-<reason>/ "
+            "or a runs/<run>/checkpoints/step-<N>.pt"
+        )
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as exc:

@@ -28,6 +28,17 @@ from tuiwatch.ledger.records import END_REASONS, RESERVED_METRIC_NAMES, SCHEMA, 
 from tuiwatch.ledger.socketdir import ensure_socket_dir, remove_stale_sockets, safe_name, socket_path
 from tuiwatch.ledger.wire import Command, action_record
 from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
+from tuiwatch.publisher.checkpoints import (
+    FORMAT,
+    Checkpoint,
+    CheckpointError,
+    load_checkpoint,
+    restore_rng,
+    rng_states,
+    versions,
+    write_checkpoint,
+)
+from tuiwatch.publisher.control import CommandQueue
 from tuiwatch.publisher.deferred import defer, resolve
 from tuiwatch.publisher.dumps import DUMP_REASONS, write_dump
 from tuiwatch.publisher.loader import iter_with_ids
@@ -38,11 +49,12 @@ from tuiwatch.rules import Diagnosis, RulesConfig
 
 T = TypeVar("T")
 ON_NONFINITE = ("stop", "skip", "warn")
+STOP_MODES = ("flag", "raise")
 # Batches kept (by reference, no copy) so that a dump written a few steps after
 # its step, on the publisher thread, still has the tensors: at most this many,
 # and no more bytes than the budget (always the latest one).
-RECENT_BATCHES = 64
-RECENT_BATCH_BYTES = 256 << 20
+RECENT_BATCHES = 32
+RECENT_BATCH_BYTES = 64 << 20
 # How long the training thread waits for the ledger and the dump at a
 # non-finite stop or an OOM (it is ending or failing anyway).
 STOP_SYNC_S = 30.0
@@ -126,6 +138,7 @@ class Watch:
         rules: RulesConfig | None = None,
         queue_size: int = 10_000,
         viewer_stall_s: float = 5.0,
+        stop: str = "flag",
     ):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"tuiwatch.Watch needs a torch.nn.Module as model, got {type(model).__name__}")
@@ -133,6 +146,8 @@ class Watch:
             raise TypeError(f"tuiwatch.Watch needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
+        if stop not in STOP_MODES:
+            raise ValueError(f"stop must be 'flag' (watch.should_stop) or 'raise' (StopRequested), got {stop!r}")
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be an integer >= 1, got {every!r}")
         diagnosis = Diagnosis(rules)  # raises for an unknown rule id, before anything is created
@@ -145,6 +160,13 @@ class Watch:
         self.on_nonfinite = on_nonfinite
         self.seed = seed
         self.should_stop = False
+        self.stop_mode = stop
+        self._commands = CommandQueue()
+        self._paused = False
+        self._batch_index = 0  # batches drawn in the current epoch: the data position of a checkpoint
+        self._epoch_rng: dict[str, Any] | None = None
+        self._resume: Checkpoint | None = None
+        self._last_batch: tuple[int, Any, list[int] | None] | None = None
         self._inert = False
         self._closed = False
         self._step = 0
@@ -218,17 +240,28 @@ class Watch:
         """Iterate over ``loader``, one step per batch: times the wait, records ids and shapes."""
         self._epoch += 1
         epoch = self._epoch
+        resume, self._resume = self._resume, None
+        if resume is not None and resume.epoch_rng is not None:
+            _restore_epoch_rng(resume.epoch_rng, loader)  # the same shuffle as the epoch that was saved
+        self._epoch_rng = _epoch_rng(loader)
+        self._batch_index = 0
         it, recorder = iter_with_ids(loader)
+        if resume is not None:
+            self._fast_forward(it, recorder, resume)
         clock = time.perf_counter
         try:
             while True:
                 t0 = clock()
                 self._end_step(t0)
+                if self._commands or self._paused:
+                    self._at_boundary()
+                    t0 = clock()  # a pause or a checkpoint is neither data wait nor compute
                 try:
                     batch = next(it)
                 except StopIteration:
                     return
                 t1 = clock()
+                self._batch_index += 1
                 ids = recorder.pop() if recorder is not None else None
                 if self._inert or self._closed:
                     yield batch
@@ -237,6 +270,7 @@ class Watch:
                 s.epoch = epoch
                 s.data_wait_s = t1 - t0
                 s.batch_ids = ids
+                self._last_batch = (s.step, batch, ids)
                 if s.step % self.every == 0:
                     s.batch = BatchInfo(batch)
                     self._keep_batch(s.step, batch, ids, s.batch.nbytes)
@@ -255,6 +289,9 @@ class Watch:
         """Mark a step boundary in a loop that does not draw from :meth:`batches`."""
         now = time.perf_counter()
         self._end_step(now)
+        if self._commands or self._paused:
+            self._at_boundary()
+            now = time.perf_counter()
         if not (self._inert or self._closed):
             self._open_step(now).epoch = max(self._epoch, 0)
 
@@ -484,16 +521,137 @@ class Watch:
             dump=dump,
         )
 
-    # --- commands (executed in a later version; answered clearly now) ---------------
+    # --- commands: queued by the publisher thread, run here at a step boundary ------
 
     def _on_command(self, command: Command) -> Record | None:
-        return action_record(
-            command.cmd,
-            cmd_id=command.id,
-            ok=False,
-            step=self._step - 1 if self._step else None,
-            error=f"'{command.cmd}' is not available in tuiwatch {__version__} yet",
-        )
+        """Publisher thread: queue the command; the training thread replies when it has run it."""
+        refused = "the run has ended" if self._closed else self._commands.offer(command)
+        if refused is None:
+            return None
+        return action_record(command.cmd, cmd_id=command.id, ok=False, step=self._step - 1 if self._step else None,
+                             error=refused)  # fmt: skip
+
+    def _at_boundary(self) -> None:
+        """Run queued commands; while paused, block here (no spinning) and keep serving commands."""
+        if self._inert or self._closed:
+            return
+        while True:
+            self._commands.wake.clear()
+            stop = False
+            for command in self._commands.take():
+                reply = self._run_command(command)
+                self._pipeline.put(reply)
+                stop = stop or (command.cmd == "stop" and reply["ok"])
+            if stop and self.stop_mode == "raise":
+                raise StopRequested(f"a viewer asked the run to stop at step {self._step}")
+            if not self._paused or self._closed:
+                return
+            self._commands.wake.wait(1.0)
+
+    def _run_command(self, command: Command) -> Record:
+        step = self._step - 1 if self._step else None
+        result: dict[str, Any] = {}
+        try:
+            if command.cmd == "checkpoint":
+                result = self._checkpoint()
+                result["dump"] = self._request_dump("checkpoint")
+            elif command.cmd == "dump":
+                result = {"path": self._request_dump("request")}
+            elif command.cmd == "pause":
+                if self._paused:
+                    raise CheckpointError("the run is already paused; send resume")
+                self._paused = True
+            elif command.cmd == "resume":
+                if not self._paused:
+                    raise CheckpointError("the run is not paused")
+                self._paused = False
+            elif command.cmd == "stop":
+                self.should_stop = True
+                self._paused = False
+                try:
+                    result = self._checkpoint()
+                except CheckpointError as exc:
+                    result = {"checkpoint_error": str(exc)}  # the stop itself still happens
+        except TuiwatchError as exc:
+            return action_record(command.cmd, cmd_id=command.id, ok=False, step=step, error=str(exc))
+        except Exception as exc:  # a failed command never stops training
+            return action_record(command.cmd, cmd_id=command.id, ok=False, step=step,
+                                 error=f"{type(exc).__name__}: {exc}"[:300])  # fmt: skip
+        reply = action_record(command.cmd, cmd_id=command.id, ok=True, step=step, path=result.pop("path", None))
+        reply.update(result)
+        return reply
+
+    def _checkpoint(self) -> dict[str, Any]:
+        if self.run_dir is None:
+            raise CheckpointError("this run has no run directory (Watch(run_dir=None)): nowhere to write")
+        path, size = write_checkpoint(self.run_dir / "checkpoints", self._step, self.checkpoint_state())
+        return {"path": str(path), "bytes": size, "steps_done": self._step}
+
+    def _request_dump(self, reason: str) -> str:
+        if self.run_dir is None:
+            raise CheckpointError("this run has no run directory (Watch(run_dir=None)): nowhere to write")
+        step, batch, ids = self._last_batch or (max(self._step - 1, 0), None, None)
+        path = write_dump(self.run_dir, step=step, reason=reason, alert=None, batch=batch, batch_ids=ids,
+                          records=list(self._pipeline.recent), seed=self.seed)  # fmt: skip
+        return str(path)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint holds (SPEC §7): call at a step boundary, where everything is consistent."""
+        return {
+            "tuiwatch_checkpoint": FORMAT,
+            "name": self.name,
+            "run_id": self.run_record.get("run_id"),
+            "step": self._step,
+            "epoch": max(self._epoch, 0),
+            "batch_index": self._batch_index,
+            "opt_steps": self._opt_steps,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": rng_states(),
+            "epoch_rng": self._epoch_rng,
+            "versions": versions(),
+        }
+
+    def restore(self, path: str | Path) -> Checkpoint:
+        """Load a checkpoint into the model, optimizer, scheduler, scaler and RNGs, and resume the data there.
+
+        Call before the loop. The next :meth:`batches` replays the saved
+        epoch's shuffle and skips the batches already trained on, so the run
+        continues exactly where the checkpoint was taken.
+        """
+        ckpt = load_checkpoint(path)
+        self.model.load_state_dict(ckpt.model)
+        parts: list[tuple[str, Any, dict[str, Any] | None]] = [
+            ("optimizer", self.optimizer, ckpt.optimizer),
+            ("scheduler", self.scheduler, ckpt.scheduler),
+            ("scaler", self.scaler, ckpt.scaler),
+        ]
+        for name, target, saved in parts:
+            if saved is not None and target is None:
+                raise TuiwatchError(f"the checkpoint has a {name} state: give Watch(..., {name}=...) to restore it")
+            if saved is not None:
+                target.load_state_dict(saved)
+        self._step = ckpt.step
+        self._epoch = ckpt.epoch - 1  # the next batches() call is the saved epoch
+        self._opt_steps = ckpt.opt_steps
+        self._resume = ckpt
+        restore_rng(ckpt.rng)
+        return ckpt
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next :meth:`batches` call starts (after :meth:`restore`, the saved one)."""
+        return self._epoch + 1
+
+    def _fast_forward(self, it: Iterator[Any], recorder: Any, ckpt: Checkpoint) -> None:
+        for _ in range(ckpt.batch_index):
+            next(it, None)
+            if recorder is not None:
+                recorder.pop()
+        self._batch_index = ckpt.batch_index
+        restore_rng(ckpt.rng)  # the RNGs as they were at the checkpoint, after the epoch's shuffle
 
     # --- run record and closing ------------------------------------------------------
 
@@ -545,8 +703,11 @@ class Watch:
             raise ValueError(f"close(reason=...) must be one of {', '.join(END_REASONS)}, got {reason!r}")
         if self._closed or self._inert:
             return
+        if self.should_stop and reason == "finished":
+            reason = "stopped"  # the loop ended because a viewer asked it to
         self._end_step(time.perf_counter())
         self._closed = True
+        self._paused = False
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
@@ -596,6 +757,20 @@ def _is_oom(failure: BaseException) -> bool:
     if isinstance(failure, torch.OutOfMemoryError | MemoryError):
         return True
     return isinstance(failure, RuntimeError) and "can't allocate memory" in str(failure)
+
+
+def _epoch_rng(loader: Any) -> dict[str, Any]:
+    """The RNG states a loader's shuffle draws from, taken before ``iter(loader)``."""
+    generator = getattr(loader, "generator", None)
+    return {"rng": rng_states(),
+            "loader_generator": generator.get_state() if isinstance(generator, torch.Generator) else None}  # fmt: skip
+
+
+def _restore_epoch_rng(saved: dict[str, Any], loader: Any) -> None:
+    restore_rng(saved["rng"])
+    generator = getattr(loader, "generator", None)
+    if saved.get("loader_generator") is not None and isinstance(generator, torch.Generator):
+        generator.set_state(saved["loader_generator"])
 
 
 def _end_reason(exc_type: type[BaseException] | None) -> str:

@@ -25,7 +25,7 @@ class MemoryGrowth(Rule):
     id = "memory-growth"
     kinds = ("step", "system")
 
-    def __init__(self, window: int = 12, grace: int = 3, min_growth: float = 0.05, min_bytes: int = 16 * MiB):
+    def __init__(self, window: int = 20, grace: int = 5, min_growth: float = 0.05, min_bytes: int = 32 * MiB):
         super().__init__()
         self.window, self.grace, self.min_growth, self.min_bytes = window, grace, min_growth, min_bytes
         self.series: dict[str, deque[float]] = {}

@@ -4,8 +4,8 @@
 ``backward(retain_graph=True)`` (added once to silence "Trying to backward
 through the graph a second time"), keeps every step's activations alive: the
 process grows by about 0.25 MB a step. Expected:
-``memory-growth`` on the RSS series, about 15 system samples in (the demo
-samples every 0.25 s to make that 4 s).
+``memory-growth`` on the RSS series, about 25 system samples in (the demo
+samples every 0.25 s to make that 6 s).
 """
 
 from __future__ import annotations

@@ -1,0 +1,169 @@
+"""Checkpoints (SPEC §7): everything needed to resume a run exactly, written atomically.
+
+``checkpoints/step-<N>.pt`` (N = steps completed) holds the model, optimizer,
+scheduler and scaler state dicts, the step, epoch and batch index within the
+epoch, the optimizer step count, the RNG states (python ``random``, numpy,
+torch CPU, every CUDA device) now and at the start of the epoch (to replay the
+epoch's shuffle up to the same batch), and the versions. Plain containers
+only, so it loads with ``torch.load(weights_only=True)``.
+
+Atomic: a temporary file in the same directory, fsync, rename, fsync of the
+directory. A crash at any moment leaves the previous checkpoints and at most a
+``.tmp-*`` file, never a truncated file under a final name.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuiwatch._version import __version__
+from tuiwatch.errors import TuiwatchError
+
+FORMAT = 1
+# Room kept free beyond the checkpoint's own size, so that a checkpoint never fills the disk to the last byte.
+SPARE_BYTES = 64 << 20
+
+
+class CheckpointError(TuiwatchError):
+    """A checkpoint that was refused or failed; the message says why and what to do."""
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read back: plain objects, tensors on the CPU."""
+
+    path: Path
+    step: int
+    epoch: int
+    batch_index: int
+    opt_steps: int
+    model: dict[str, Any]
+    optimizer: dict[str, Any] | None
+    scheduler: dict[str, Any] | None
+    scaler: dict[str, Any] | None
+    rng: dict[str, Any]
+    epoch_rng: dict[str, Any] | None
+    versions: dict[str, Any]
+
+
+def rng_states() -> dict[str, Any]:
+    """Every RNG a training loop draws from, as plain containers."""
+    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        name, keys, pos, has_gauss, cached = numpy.random.get_state()
+        states["numpy"] = [name, keys.tolist(), pos, has_gauss, cached]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng(states: dict[str, Any]) -> None:
+    python = states.get("python")
+    if python is not None:
+        version, internal, gauss = python
+        random.setstate((version, tuple(internal), gauss))
+    if "torch" in states:
+        torch.set_rng_state(states["torch"])
+    if "numpy" in states:
+        import numpy
+
+        name, keys, pos, has_gauss, cached = states["numpy"]
+        numpy.random.set_state((name, numpy.array(keys, dtype=numpy.uint32), pos, has_gauss, cached))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def write_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> tuple[Path, int]:
+    """Write ``state`` as ``directory/step-<step>.pt`` atomically; (path, bytes) or :class:`CheckpointError`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(".tmp-*"):
+        stale.unlink(missing_ok=True)  # left by a write that a crash interrupted
+    need = sum(t.nbytes for t in _tensors(state)) + (1 << 20)
+    free = shutil.disk_usage(directory).free
+    if free < need + SPARE_BYTES:
+        raise CheckpointError(
+            f"not enough space in {directory}: the checkpoint needs about {_size(need)} and "
+            f"{_size(free)} is free (tuiwatch keeps {_size(SPARE_BYTES)} spare); free space or move run_dir"
+        )
+    final = directory / f"step-{step}.pt"
+    tmp = directory / f".tmp-{final.name}-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself survives a power cut
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(
+            f"cannot write {final}: {exc.strerror or exc}; the previous checkpoints are intact"
+        ) from None
+    return final, final.stat().st_size
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read a checkpoint file written by tuiwatch."""
+    p = Path(path)
+    try:
+        # weights_only: a checkpoint may come from someone else's run; nothing in it runs code on load.
+        data = torch.load(p, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:
+        raise TuiwatchError(f"cannot read the checkpoint {p}: {exc}".splitlines()[0]) from None
+    if not isinstance(data, dict) or data.get("tuiwatch_checkpoint") != FORMAT:
+        raise TuiwatchError(f"{p} is not a tuiwatch checkpoint: give a runs/<run>/checkpoints/step-<N>.pt")
+    return Checkpoint(
+        path=p,
+        step=int(data["step"]),
+        epoch=int(data["epoch"]),
+        batch_index=int(data["batch_index"]),
+        opt_steps=int(data["opt_steps"]),
+        model=data["model"],
+        optimizer=data.get("optimizer"),
+        scheduler=data.get("scheduler"),
+        scaler=data.get("scaler"),
+        rng=data["rng"],
+        epoch_rng=data.get("epoch_rng"),
+        versions=data.get("versions", {}),
+    )
+
+
+def versions() -> dict[str, Any]:
+    return {"tuiwatch": __version__, "torch": str(torch.__version__), "python": sys.version.split()[0]}
+
+
+__all__ = ["Checkpoint", "CheckpointError", "load_checkpoint", "restore_rng", "rng_states", "write_checkpoint"]

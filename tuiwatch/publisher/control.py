@@ -1,0 +1,46 @@
+"""Viewer commands in flight: received on the publisher thread, run by the training thread.
+
+The only moment model, optimizer and data are consistent is a step boundary,
+so the publisher thread only queues a command and wakes the training thread
+(which may be paused); the training thread runs every queued command, in
+order, at its next boundary. Each id runs once: a repeated id is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from tuiwatch.ledger.wire import Command
+
+SEEN_IDS = 4096
+
+
+class CommandQueue:
+    def __init__(self) -> None:
+        self._items: deque[Command] = deque()
+        self._seen: set[int] = set()
+        self._seen_order: deque[int] = deque()
+        self.wake = threading.Event()
+
+    def offer(self, command: Command) -> str | None:
+        """Queue ``command`` (publisher thread); the reason it is refused, or None."""
+        if command.id in self._seen:
+            return f"command id {command.id} was already received; each id runs once"
+        self._seen.add(command.id)
+        self._seen_order.append(command.id)
+        if len(self._seen_order) > SEEN_IDS:
+            self._seen.discard(self._seen_order.popleft())
+        self._items.append(command)  # deque.append is atomic under the GIL
+        self.wake.set()
+        return None
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def take(self) -> list[Command]:
+        """Every queued command, oldest first (training thread)."""
+        taken = []
+        while self._items:
+            taken.append(self._items.popleft())
+        return taken
