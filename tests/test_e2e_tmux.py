@@ -20,6 +20,7 @@ from .helpers import wait_until
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 HEADER = re.compile(r"tuiwatch\s+(\S+)@\S+\s+step ([\d,]+)")
 LOSS = re.compile(r"│ loss (\S+)")
+CHECKPOINT = re.compile(r"checkpointwritten:(/\S+?\.pt)\(")
 
 
 @pytest.fixture
@@ -31,6 +32,11 @@ def tmux(socket_dir: Path) -> Iterator[list[str]]:
 
 def _capture(tmux: list[str], pane: str) -> str:
     return subprocess.run([*tmux, "capture-pane", "-p", "-t", pane], capture_output=True, text=True).stdout
+
+
+def _joined(screen: str) -> str:
+    """The screen's lines joined without borders or spaces: a long path wraps anywhere in a pane."""
+    return "".join(line.strip("│ ") for line in screen.splitlines()).replace(" ", "")
 
 
 def _panes(tmux: list[str]) -> list[str]:
@@ -78,6 +84,16 @@ def test_attach_shows_the_run_live_and_q_leaves_the_run_running(tmux: list[str],
         return frame is not None and frame[0] in steps and number(steps[frame[0]]) == frame[1]
 
     wait_until(consistent, what="a frame whose loss matches the ledger")
+
+    # c: the run writes a checkpoint at its next step boundary; the alert pane, full screen, shows where.
+    subprocess.run([*tmux, "send-keys", "-t", viewer, "c"], check=True)
+    wait_until(lambda: "checkpoint written:" in _capture(tmux, viewer), what="the checkpoint's reply on screen")
+    subprocess.run([*tmux, "send-keys", "-t", viewer, "Tab", "Tab", "Tab", "f"], check=True)
+    shown = wait_until(lambda: CHECKPOINT.search(_joined(_capture(tmux, viewer))), what="the checkpoint's path")
+    written = Path(shown.group(1))
+    assert written.parent.parent.parent == run_root
+    assert written.stat().st_size > 0
+    subprocess.run([*tmux, "send-keys", "-t", viewer, "f"], check=True)
 
     subprocess.run([*tmux, "send-keys", "-t", viewer, "q"], check=True)
     wait_until(lambda: viewer not in _panes(tmux), what="the viewer to quit")

@@ -50,15 +50,32 @@ async def test_replay_shows_the_ledgers_values_on_every_pane():
         assert plain(app.query_one(AlertsPane)) == "no alerts"
 
 
-async def test_replay_refuses_command_keys_and_says_why():
+async def test_replay_shows_command_keys_disabled_and_sends_nothing():
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.state.status == "finished")
         for key in ("c", "d", "p", "s"):
             await pilot.press(key)
-        assert app.notes.count("replay is read-only: commands need a live run (tuiwatch attach)") == 4
+        assert [app.check_action(a, ()) for a in ("checkpoint", "dump", "pause", "stop", "help")] == [
+            None, None, None, None, True,
+        ]  # fmt: skip
         assert not isinstance(app.screen, ConfirmStop)
         assert app.state.pending == {}
+
+
+async def test_stop_from_the_viewer_ends_the_run_with_reason_stopped(tmp_path: Path, socket_dir: Path):
+    run = start_training(tmp_path, socket_dir, "--steps", "100000", "--step-sleep", "0.005")
+    path = wait_until(lambda: next(iter(list_sockets(socket_dir)), None), what="socket").path
+    app = RecordingApp(SocketSource(path, None))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: (app.state.step or 0) > 5, what="live steps")
+        await pilot.press("s")
+        assert isinstance(app.screen, ConfirmStop)
+        await pilot.press("y")
+        await until(pilot, lambda: app.state.status == "stopped", what="the run to stop")
+        assert any(a.message.startswith("stop requested; final checkpoint ") for a in app.state.alerts)
+        assert app.check_action("checkpoint", ()) is None  # nothing to command any more
+    finish(run)
 
 
 async def test_keys_change_the_window_full_screen_help_and_quit():
@@ -142,11 +159,13 @@ async def test_live_run_status_goes_live_disconnected_live_finished(tmp_path: Pa
         shown_step = int(header.split("step ")[1].split()[0].replace(",", ""))
         assert 20 < shown_step <= (app.state.step or 0)
 
-        await pilot.press("s")
-        assert isinstance(app.screen, ConfirmStop)
-        await pilot.press("y")
-        await until(pilot, lambda: any("stop failed" in a.message for a in app.state.alerts), what="the reply")
+        await pilot.press("c")
+        written = "checkpoint written: "
+        await until(pilot, lambda: any(a.message.startswith(written) for a in app.state.alerts), what="the reply")
         assert app.state.pending == {}
+        line = next(a.message for a in app.state.alerts if a.message.startswith(written))
+        assert Path(line[len(written) :].split(" (")[0]).is_file()
+        assert any(note.startswith(written) for note in app.notes)
 
         os.kill(first.pid, signal.SIGKILL)
         first.wait()

@@ -62,5 +62,8 @@ SYSTEM_FIELDS = ("cpu_percent", "rss", "workers", "gpus")
 
 END_REASONS = ("finished", "stopped", "nonfinite", "exception", "killed")
 
+# Fields a step record carries only when they apply (docs/ledger.md).
+STEP_OPTIONAL_FIELDS = ("opt_skipped", "oom", "classes")
+
 # Names a user cannot log as metrics: they would shadow what tuiwatch measures.
-RESERVED_METRIC_NAMES = frozenset(("kind", "t", *STEP_FIELDS))
+RESERVED_METRIC_NAMES = frozenset(("kind", "t", *STEP_FIELDS, *STEP_OPTIONAL_FIELDS))

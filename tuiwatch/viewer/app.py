@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,10 +22,11 @@ from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.render.text import safe
 from tuiwatch.viewer.sources import Source
-from tuiwatch.viewer.state import RunState
+from tuiwatch.viewer.state import RunState, describe_action
 from tuiwatch.viewer.widgets import ConfirmStop, HeaderBar, HelpScreen, header_text
 
 READ_ONLY = "replay is read-only: commands need a live run (tuiwatch attach)"
+COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
 
 
 class TuiwatchApp(App[None]):
@@ -51,7 +53,11 @@ class TuiwatchApp(App[None]):
         self._dirty = True
         self._last_draw = 0.0
         self._new_connection = False
-        self._ids = itertools.count(1)
+        # Ids start at a random point: the run refuses an id it has seen, and
+        # several viewers (or one that reconnects) share one run.
+        self._ids = itertools.count(secrets.randbits(40) + 1)
+        self._sent: set[int] = set()
+        self._commands_enabled: bool | None = None
         self.mode = "live" if source.live else "replay"
 
     def compose(self) -> ComposeResult:
@@ -84,6 +90,11 @@ class TuiwatchApp(App[None]):
             self._new_connection = False
         self.state.apply_all(message.records)
         self._dirty = True
+        for r in message.records:
+            if r.get("kind") == "action" and r.get("id") in self._sent:
+                self._sent.discard(r["id"])
+                text = describe_action(r, str(r.get("action")))
+                self.notify(safe(text), severity="information" if r.get("ok") else "error", markup=False)
 
     def on_source_connected(self, message: SourceConnected) -> None:
         self._new_connection = True
@@ -113,6 +124,10 @@ class TuiwatchApp(App[None]):
         self._last_draw = now
         window = WINDOWS[self.window_index]
         header.update(header_text(self.state, now, self.mode))
+        available = self._commands_available()
+        if available != self._commands_enabled:
+            self._commands_enabled = available
+            self.refresh_bindings()
         for pane in self.query(Pane):
             pane.show(self.state, window, now)
 
@@ -127,8 +142,18 @@ class TuiwatchApp(App[None]):
             self.notify(f"{cmd}: not sent, the run is not connected", severity="error", markup=False)
             return
         self.state.command_sent(cmd_id, cmd, self.clock())
+        self._sent.add(cmd_id)
         self.notify(f"{cmd} sent", markup=False)
         self._dirty = True
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Command keys show greyed out where they cannot work: a replay, or a run that has ended."""
+        if action in COMMAND_ACTIONS:
+            return True if self._commands_available() else None
+        return True
+
+    def _commands_available(self) -> bool:
+        return self.source.live and self.state.status in ("live", "paused", "degraded", "connecting")
 
     def action_checkpoint(self) -> None:
         self._send("checkpoint")

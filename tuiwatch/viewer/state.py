@@ -13,17 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.records import RESERVED_METRIC_NAMES, Record
+from tuiwatch.viewer.render.text import size
 from tuiwatch.viewer.series import Series
 
 # Fields of a step record that are not user metrics.
-_STEP_INTERNAL = frozenset(
-    {
-        "kind", "t", "step", "epoch", "lr", "grad_norm", "grad_norm_clipped", "param_norm", "update_norm",
-        "opt_step", "opt_skipped", "batch_ids", "batch_shape", "tokens", "data_wait_s", "compute_s",
-        "examples_per_s", "mem_allocated", "mem_reserved", "mem_peak", "finite", "training",
-    }
-)  # fmt: skip
+_STEP_INTERNAL = RESERVED_METRIC_NAMES
 MAX_ALERTS = 200
 MAX_METRICS = 32  # distinct user metrics charted; more are counted, not kept
 
@@ -39,6 +34,24 @@ class Alert:
     next_check: str = ""
     t: float = 0.0
     dump: str = ""  # the dump directory the alert's evidence names
+
+
+def describe_action(r: Record, action: str) -> str:
+    """The line a command's reply is shown as (alert pane and notification)."""
+    if r.get("ok") is not True:
+        return f"{action} failed: {r.get('error') or 'no reason given'}"
+    path, done = r.get("path"), r.get("steps_done")
+    if action == "checkpoint" and path:
+        n_bytes = r.get("bytes")
+        return f"checkpoint written: {path} ({size(n_bytes if _is_number(n_bytes) else None)}, step {done})"
+    if action == "dump" and path:
+        return f"dump written: {path}"
+    if action == "stop":
+        final = f"; final checkpoint {path}" if path else f"; no checkpoint: {r.get('checkpoint_error')}"
+        return f"stop requested{final}"
+    if action == "pause":
+        return f"paused after step {r.get('step')}"
+    return f"{action} done" + (f": {path}" if path else "")
 
 
 @dataclass
@@ -169,9 +182,7 @@ class RunState:
         pending = self.pending.pop(cmd_id, None) if isinstance(cmd_id, int) else None
         action = str(r.get("action") or (pending.cmd if pending else "command"))
         ok = r.get("ok") is True
-        message = f"{action} done: {r.get('path')}" if ok and r.get("path") else f"{action} done"
-        if not ok:
-            message = f"{action} failed: {r.get('error') or 'no reason given'}"
+        message = describe_action(r, action)
         self.alerts.appendleft(
             Alert("info" if ok else "warning", r.get("step") if isinstance(r.get("step"), int) else None,
                   "command", message)
