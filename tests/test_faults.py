@@ -192,3 +192,27 @@ def test_healthy_runs_raise_no_warning_or_critical_alert(model: str, variant: st
     row = healthy_row(model, variant, seed, tmp_path)
     assert row.steps == HEALTHY_STEPS
     assert row.alerts == []
+
+
+class RaisesCudaOom(nn.Module):
+    """What a CUDA allocation failure looks like to Python (this machine has no GPU to fill)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+
+def test_a_cuda_oom_error_is_recorded_the_same_way_and_reraised_unchanged(run_root: Path, socket_dir: Path):
+    model = RaisesCudaOom()
+    watch = tuiwatch.Watch(model, None, run_dir=run_root, system=False)
+    raised = None
+    try:
+        for x in watch.batches([torch.ones(4, 8)]):
+            model(x)
+    except torch.OutOfMemoryError as exc:
+        raised = exc
+    watch.close()
+    assert str(raised) == "CUDA out of memory. Tried to allocate 20.00 GiB"
+    (alert,) = alerts(list(tuiwatch.read_ledger(watch.run_dir or "")), "oom")
+    assert alert["evidence"]["error"] == "OutOfMemoryError"
+    assert alert["evidence"]["batch_shape"] == [4, 8]
+    assert Path(alert["evidence"]["dump"]).name == "0-oom"

@@ -77,7 +77,7 @@ def train(
     outcome = Outcome(watch, 0)
     reason = "finished"
     try:
-        while outcome.steps < steps:
+        while outcome.steps < steps and not watch.should_stop:
             model.train()
             for x, y in watch.batches(batches):
                 logits = forward(model, x) if forward is not None else model(x)
@@ -99,7 +99,7 @@ def train(
                     validate(watch, model, val, train_mode=val_in_train_mode, loss_fn=loss_fn)
                 if delay_s:
                     time.sleep(delay_s)  # keeps the demo watchable; not a synchronisation
-                if outcome.steps >= steps:
+                if outcome.steps >= steps or watch.should_stop:
                     break
             if scheduler is not None and not scheduler_per_batch:
                 scheduler.step()
