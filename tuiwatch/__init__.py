@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from tuiwatch.errors import NonFiniteError, StopRequested, TuiwatchError
     from tuiwatch.ledger.reader import read_ledger
     from tuiwatch.microscope.first_nonfinite import first_nonfinite_module
+    from tuiwatch.microscope.overfit import overfit_one_batch
     from tuiwatch.publisher.dumps import load_dump
+    from tuiwatch.publisher.seeding import seed_everything
     from tuiwatch.publisher.watch import Watch
 
 _PUBLIC = {
@@ -26,6 +28,8 @@ _PUBLIC = {
     "read_ledger": "tuiwatch.ledger.reader",
     "load_dump": "tuiwatch.publisher.dumps",
     "first_nonfinite_module": "tuiwatch.microscope.first_nonfinite",
+    "overfit_one_batch": "tuiwatch.microscope.overfit",
+    "seed_everything": "tuiwatch.publisher.seeding",
 }
 
 __all__ = [
@@ -36,7 +40,9 @@ __all__ = [
     "__version__",
     "first_nonfinite_module",
     "load_dump",
+    "overfit_one_batch",
     "read_ledger",
+    "seed_everything",
 ]
 
 

@@ -44,6 +44,7 @@ from tuiwatch.publisher.dumps import DUMP_REASONS, write_dump
 from tuiwatch.publisher.loader import iter_with_ids
 from tuiwatch.publisher.measure import BatchInfo, finiteness_probe, first_tensor, total_norm
 from tuiwatch.publisher.pipeline import Pipeline
+from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.steps import EvalState, StepState
 from tuiwatch.rules import Diagnosis, RulesConfig
 
@@ -158,7 +159,8 @@ class Watch:
         self.name = name or _default_name()
         self.every = every
         self.on_nonfinite = on_nonfinite
-        self.seed = seed
+        seeding = last_seeding()
+        self.seed = seed if seed is not None or seeding is None else seeding["seed"]
         self.should_stop = False
         self.stop_mode = stop
         self._commands = CommandQueue()
@@ -484,7 +486,7 @@ class Watch:
                         and r.get("step") == step), None)  # fmt: skip
         weights = None
         if reason == "nonfinite" and self._stopping_step == step:
-            # The training thread waits in _stop_nonfinite and the bad update
+            # The training thread waits in _stop_or_skip_nonfinite and the bad update
             # was not applied: these are the last healthy weights.
             weights = self.model.state_dict()
         path = write_dump(
@@ -515,7 +517,7 @@ class Watch:
         self.close("nonfinite")
         raise NonFiniteError(
             f"nonfinite: first at step {step}, boundary={boundary} ({loss_text}, grad norm {norm}); "
-            f"the optimizer step was not taken; dump: {dump or 'none (no run directory)'}",
+            f"the optimizer step was not taken; dump: {dump or _no_dump_reason(self.run_dir)}",
             step=step,
             boundary=boundary,
             dump=dump,
@@ -669,6 +671,7 @@ class Watch:
             "world_size": world,
             "argv": list(sys.argv),
             "seed": self.seed,
+            "seeding": last_seeding(),
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "device": str(self.device),
@@ -750,6 +753,10 @@ def _first_failing_boundary(s: StepState) -> str:
         if value is not None and not math.isfinite(_scalar(value)):
             return boundary
     return "grad"
+
+
+def _no_dump_reason(run_dir: Path | None) -> str:
+    return "none (no run directory)" if run_dir is None else "none (the nonfinite rule is off)"
 
 
 def _is_oom(failure: BaseException) -> bool:

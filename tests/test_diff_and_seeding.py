@@ -1,0 +1,126 @@
+"""``tuiwatch diff`` on real CPU runs that part in known ways, and ``seed_everything``."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import tuiwatch
+from tuiwatch.demo.faults.common import mlp, separable
+
+from .helpers import env_for
+
+
+def train(run_root: Path, *, data_seed: int = 1, init_seed: int = 0, perturb_step: int | None = None) -> Path:
+    """60 steps of the demo MLP; ``perturb_step``: an update that goes slightly wrong at that step."""
+    torch.manual_seed(init_seed)
+    model = mlp()
+    x, y = separable(4096, torch.Generator().manual_seed(7))
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True,
+                        generator=torch.Generator().manual_seed(data_seed))  # fmt: skip
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    steps = [0]
+
+    def nondeterministic_update(*_: object) -> None:
+        # Registered before the Watch's hooks: part of the update the Watch measures.
+        if steps[0] == perturb_step:
+            with torch.no_grad():
+                next(model.parameters()).mul_(1 + 1e-6)
+
+    optimizer.register_step_post_hook(nondeterministic_update)
+    with tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False) as watch:
+        for step, (xb, yb) in enumerate(watch.batches(loader)):
+            steps[0] = step
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step == 59:
+                break
+    assert watch.run_dir is not None
+    return watch.run_dir
+
+
+def diff(socket_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tuiwatch", "diff", *args], env=env_for(socket_dir),
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_two_runs_with_the_same_seeds_are_identical(tmp_path: Path, socket_dir: Path):
+    a, b = train(tmp_path / "a"), train(tmp_path / "b")
+    out = diff(socket_dir, str(a), str(b))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "identical: 60 steps agree on batch_ids, loss, grad_norm, lr, param_norm\n"
+
+
+def test_another_sampler_seed_parts_at_the_batch_ids_of_step_0(tmp_path: Path, socket_dir: Path):
+    out = diff(socket_dir, str(train(tmp_path / "a")), str(train(tmp_path / "b", data_seed=2)), "--json")
+    assert out.returncode == 1
+    found = json.loads(out.stdout)["difference"]
+    assert (found["step"], found["field"]) == (0, "batch_ids")
+    assert "data order" in found["meaning"]
+
+
+def test_another_init_parts_at_the_loss_of_step_0(tmp_path: Path, socket_dir: Path):
+    out = diff(socket_dir, str(train(tmp_path / "a")), str(train(tmp_path / "b", init_seed=1)))
+    assert out.returncode == 1
+    assert out.stdout.startswith("first difference at step 0, field loss: A=")
+    assert "model init" in out.stdout
+
+
+def test_a_nondeterministic_update_parts_at_the_param_norm_of_that_step(tmp_path: Path, socket_dir: Path):
+    out = diff(socket_dir, str(train(tmp_path / "a")), str(train(tmp_path / "b", perturb_step=50)), "--json")
+    assert out.returncode == 1
+    found = json.loads(out.stdout)["difference"]
+    assert (found["step"], found["field"]) == (50, "param_norm")
+    # Comparing losses only, the parting shows one step later, where the changed weights first compute.
+    a, b = (str(next((tmp_path / r).iterdir())) for r in ("a", "b"))
+    losses = json.loads(diff(socket_dir, a, b, "--fields", "loss", "--json").stdout)["difference"]
+    assert (losses["step"], losses["field"]) == (51, "loss")
+
+
+def test_bad_input_is_exit_2_with_one_line(tmp_path: Path, socket_dir: Path):
+    out = diff(socket_dir, str(tmp_path / "missing"), str(tmp_path / "missing"))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1
+    assert out.stderr.startswith("tuiwatch: error: no ledger at")
+
+
+def test_seed_everything_seeds_python_numpy_torch_and_workers(tmp_path: Path, socket_dir: Path):
+    import numpy
+
+    def draw() -> tuple[float, float, float, list[int]]:
+        seeded = tuiwatch.seed_everything(123)
+        data = TensorDataset(torch.arange(16))
+        loader = DataLoader(data, batch_size=4, shuffle=True, num_workers=2, generator=seeded.generator,
+                            worker_init_fn=seeded.worker_init_fn)  # fmt: skip
+        order = [int(i) for (b,) in loader for i in b]
+        return random.random(), float(numpy.random.rand()), float(torch.rand(1)), order  # noqa: S311
+
+    assert draw() == draw()
+    model = torch.nn.Linear(2, 2)
+    watch = tuiwatch.Watch(model, run_dir=tmp_path, system=False)
+    watch.close()
+    assert watch.run_record["seed"] == 123
+    assert watch.run_record["seeding"]["numpy"] is True
+    assert watch.run_record["seeding"]["deterministic"] is False
+
+
+def test_deterministic_mode_turns_on_deterministic_algorithms_and_says_so(capsys: pytest.CaptureFixture[str]):
+    try:
+        tuiwatch.seed_everything(5, deterministic=True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert "deterministic algorithms on" in capsys.readouterr().err
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+    with pytest.raises(ValueError, match="needs an integer seed"):
+        tuiwatch.seed_everything(-1)

@@ -1,0 +1,224 @@
+"""``overfit_one_batch``: does data → model → loss → gradients → optimizer → parameters work at all?
+
+A model that cannot drive the loss of one fixed batch towards zero will not
+learn a dataset; the way it fails names the broken link. Everything runs on a
+deep copy: the caller's model and optimizer are not touched.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+REASONS = ("fits", "zero-gradients", "no-parameter-change", "loss-flat-with-changing-parameters", "nonfinite",
+           "slow-progress")  # fmt: skip
+FIT_FACTOR = 10.0  # the loss must fall at least this many times
+FLAT_FACTOR = 0.9  # a final loss above this share of the first is flat
+
+
+@dataclass
+class OverfitResult:
+    """The verdict, its evidence, and the curves (one value per step)."""
+
+    passed: bool
+    reason: str
+    explanation: str
+    losses: list[float] = field(default_factory=list)
+    accuracies: list[float | None] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    param_deltas: list[float] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"{'step':>5}  {'loss':>10}  {'accuracy':>8}  {'grad norm':>10}  {'param delta':>11}"]
+        n = len(self.losses)
+        shown = sorted({*range(0, n, max(1, n // 10)), n - 1}) if n else []
+        for i in shown:
+            acc = self.accuracies[i] if i < len(self.accuracies) else None
+            grad = self.grad_norms[i] if i < len(self.grad_norms) else math.nan
+            delta = self.param_deltas[i] if i < len(self.param_deltas) else math.nan
+            lines.append(f"{i:>5}  {self.losses[i]:>10.4g}  {'-' if acc is None else f'{acc:.0%}':>8}  "
+                         f"{grad:>10.3g}  {delta:>11.3g}")  # fmt: skip
+        lines.append(f"{'PASSED' if self.passed else 'FAILED'}: {self.reason}. {self.explanation}")
+        return "\n".join(lines)
+
+
+def _split(batch: Any) -> tuple[Any, Any]:
+    if isinstance(batch, list | tuple) and len(batch) >= 2:
+        return batch[0], batch[1]
+    if isinstance(batch, Mapping) and "labels" in batch:
+        return {k: v for k, v in batch.items() if k != "labels"}, batch["labels"]
+    raise TypeError("overfit_one_batch needs the batch as (inputs, targets) or a dict with 'labels'")
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
+
+
+def _logits(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
+def _accuracy(output: Any, targets: Any) -> float | None:
+    logits = _logits(output)
+    if logits is None or not isinstance(targets, torch.Tensor) or targets.is_floating_point():
+        return None
+    if logits.dim() != targets.dim() + 1 or logits.shape[:-1] != targets.shape:
+        return None
+    return float((logits.argmax(-1) == targets).float().mean())
+
+
+def _no_dropout(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+
+
+def overfit_one_batch(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    optimizer_factory: OptimizerFactory | None = None,
+    steps: int = 200,
+    lr: float | None = None,
+    publish: bool = False,
+) -> OverfitResult:
+    """Train a copy of ``model`` on ``batch`` alone for ``steps`` steps; say whether and how it fails to fit.
+
+    ``optimizer_factory(params)`` builds the optimizer (default: Adam, lr 1e-3);
+    ``lr`` overrides every group's lr; weight decay is set to 0 and dropout to
+    p=0. With ``publish=True`` the steps stream to the viewer as a run named
+    ``overfit-<Model>``.
+    """
+    net = copy.deepcopy(model)
+    net.train()
+    _no_dropout(net)
+    params = list(net.parameters())
+    optimizer = optimizer_factory(params) if optimizer_factory else torch.optim.Adam(params, lr=1e-3)
+    for group in optimizer.param_groups:
+        if "weight_decay" in group:
+            group["weight_decay"] = 0.0
+        if lr is not None:
+            group["lr"] = lr
+    inputs, targets = _split(batch)
+    result = OverfitResult(passed=False, reason="", explanation="")
+    watch = None
+    if publish:
+        from tuiwatch.publisher.watch import Watch
+
+        watch = Watch(net, optimizer, name=f"overfit-{type(model).__name__}")
+    try:
+        verdict = _train(net, optimizer, inputs, targets, loss_fn, steps, result, watch)
+    finally:
+        if watch is not None:
+            watch.close()
+    result.reason, result.explanation = verdict
+    result.passed = result.reason == "fits"
+    return result
+
+
+def _train(
+    net: nn.Module, optimizer: torch.optim.Optimizer, inputs: Any, targets: Any, loss_fn: LossFn, steps: int,
+    result: OverfitResult, watch: Any,
+) -> tuple[str, str]:  # fmt: skip
+    named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
+    for step in range(steps):
+        if watch is not None:
+            watch.step()
+        optimizer.zero_grad(set_to_none=True)
+        output = _call(net, inputs)
+        loss = loss_fn(output, targets)
+        value = float(loss.detach())
+        result.losses.append(value)
+        result.accuracies.append(_accuracy(output, targets))
+        if watch is not None:
+            acc = result.accuracies[-1]
+            watch.log(loss=value, **({} if acc is None else {"accuracy": acc}))
+        if not math.isfinite(value):
+            return "nonfinite", (
+                f"the loss is {value} at step {step}. Check the loss for log(0), division by zero or an overflowing "
+                "exp, and the batch for NaN/inf (tuiwatch.first_nonfinite_module(model, batch) names the first layer "
+                "whose output is non-finite)."
+            )
+        loss.backward()  # type: ignore[no-untyped-call]
+        grads = [p.grad for _, p in named if p.grad is not None]
+        grad_norm = _norm(grads)
+        result.grad_norms.append(grad_norm)
+        if not math.isfinite(grad_norm):
+            return "nonfinite", f"the gradient norm is {grad_norm} at step {step} while the loss is {value:.4g}: " \
+                "a backward through log/sqrt/division at 0, or an overflow."  # fmt: skip
+        if grad_norm == 0.0:
+            return "zero-gradients", _zero_gradients(named, step)
+        before = [p.detach().clone() for _, p in named]
+        optimizer.step()
+        delta = _norm([p.detach() - b for (_, p), b in zip(named, before, strict=True)])
+        result.param_deltas.append(delta)
+        if delta == 0.0 and step >= 2 and not any(result.param_deltas):
+            return "no-parameter-change", _no_change(net, optimizer, grad_norm)
+    return _judge(result)
+
+
+def _zero_gradients(named: list[tuple[str, nn.Parameter]], step: int) -> str:
+    missing = [n for n, p in named if p.grad is None]
+    zero = [n for n, p in named if p.grad is not None and not bool(p.grad.any())]
+    parts = []
+    if missing:
+        parts.append(f"no gradient reached {_names(missing)}")
+    if zero:
+        parts.append(f"the gradient is exactly 0 for {_names(zero)}")
+    return (f"At step {step} {'; '.join(parts) or 'no parameter requires grad'}. The loss does not depend on the "
+            "model's parameters through autograd: look for .detach(), .item() or a NumPy round-trip between the "
+            "model and the loss, torch.no_grad(), or parameters with requires_grad=False.")  # fmt: skip
+
+
+def _no_change(net: nn.Module, optimizer: torch.optim.Optimizer, grad_norm: float) -> str:
+    own = {id(p) for p in net.parameters()}
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    holds = sum(id(p) in own for p in held)
+    lrs = sorted({g.get("lr") for g in optimizer.param_groups}, key=str)
+    text = (f"Gradients arrive (norm {grad_norm:.3g}) but no parameter changes. The optimizer holds {holds} of the "
+            f"model's {len(own)} parameters and its lr is {', '.join(map(str, lrs))}.")  # fmt: skip
+    if holds == 0:
+        return text + " It was built on other parameters (a copy of the model?): build it on model.parameters()."
+    if all(lr == 0 for lr in lrs):
+        return text + " An lr of 0 never moves anything: check the value and the schedule."
+    return text + " Check frozen parameters and an lr too small for float32 to register."
+
+
+def _judge(result: OverfitResult) -> tuple[str, str]:
+    first, last = result.losses[0], result.losses[-1]
+    best = min(result.losses)
+    acc = result.accuracies[-1]
+    ratio = first / last if last > 0 else math.inf
+    evidence = f"The loss went from {first:.4g} to {last:.4g} (best {best:.4g})" + (
+        f", accuracy {acc:.0%}" if acc is not None else "") + f" in {len(result.losses)} steps."  # fmt: skip
+    if ratio >= FIT_FACTOR and (acc is None or acc == 1.0):
+        return "fits", evidence + " The path data → model → loss → gradients → optimizer → parameters works."
+    if last >= FLAT_FACTOR * first:
+        return "loss-flat-with-changing-parameters", evidence + (
+            " The parameters change but the loss does not follow: the loss and the output disagree (an extra "
+            "softmax before CrossEntropyLoss, targets of the wrong kind or order), or the lr is far too small."
+        )
+    return "slow-progress", evidence + (
+        f" It falls, but not {FIT_FACTOR:.0f}x: try more steps or a larger lr; if it stalls, check the labels and "
+        "the output/loss contract."
+    )
+
+
+def _norm(tensors: list[torch.Tensor]) -> float:
+    return math.sqrt(math.fsum(float(t.norm()) ** 2 for t in tensors)) if tensors else 0.0
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
