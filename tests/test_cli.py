@@ -99,7 +99,7 @@ def test_demo_fault_prints_the_rule_that_names_it_and_the_first_bad_module(tmp_p
 
 
 def test_help_is_there_for_every_command(socket_dir: Path):
-    for args in ((), ("ls",), ("demo",), ("attach",), ("replay",), ("report",)):
+    for args in ((), ("ls",), ("demo",), ("attach",), ("replay",), ("report",), ("diff",)):
         out = tw(socket_dir, *args, "--help")
         assert out.returncode == 0
         assert out.stdout.startswith("usage: tuiwatch")
