@@ -16,9 +16,10 @@ import torch
 from tuiwatch.publisher.checkpoints import FORMAT, CheckpointError, load_checkpoint, write_checkpoint
 
 MB = 1 << 20
+SIZE_MB = 8  # large enough that a write takes several ms: the kills land inside writes
 
 
-def state(step: int, size_mb: int = 24, weight: torch.Tensor | None = None) -> dict[str, Any]:
+def state(step: int, size_mb: int = SIZE_MB, weight: torch.Tensor | None = None) -> dict[str, Any]:
     """A checkpoint whose weights hold step // 1000 (the round that wrote it)."""
     if weight is None:
         weight = torch.full((size_mb * MB // 4,), float(step // 1000))
@@ -33,7 +34,7 @@ def check_all(directory: Path) -> list[int]:
         ckpt = load_checkpoint(path)
         assert path.name == f"step-{ckpt.step}.pt"
         weight = ckpt.model["w"]
-        assert weight.numel() == 24 * MB // 4
+        assert weight.numel() == SIZE_MB * MB // 4
         assert bool((weight == ckpt.step // 1000).all())
         steps.append(ckpt.step)
     return steps
@@ -57,7 +58,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_truncated_checkpoint(tm
     rng = random.Random(0)  # noqa: S311 - the moments of the kills, not secrets
     killed_mid_write = 0
     for round_ in range(1, 51):
-        weight = torch.full((24 * MB // 4,), float(round_))
+        weight = torch.full((SIZE_MB * MB // 4,), float(round_))
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns
             try:
@@ -65,7 +66,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_truncated_checkpoint(tm
             finally:
                 os._exit(1)
         # The delay is the moment of the kill, chosen at random: a write takes tens of ms.
-        time.sleep(rng.uniform(0.0, 0.12))
+        time.sleep(rng.uniform(0.0, 0.05))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         killed_mid_write += any(directory.glob(".tmp-*"))

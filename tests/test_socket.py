@@ -178,15 +178,15 @@ def _replies(sock: socket.socket, n: int) -> list[dict[str, Any]]:
 def test_bad_command_lines_get_error_replies_and_the_run_finishes(run_root: Path, socket_dir: Path):
     proc = start_training(run_root, socket_dir, "--steps", "300", "--step-sleep", "0.005")
     sock = connect(_socket_of(socket_dir), timeout=20)
-    sock.sendall(b"not json\n" + encode({"cmd": "rm -rf", "id": 1}) + b"[1]\n" + encode({"cmd": "checkpoint", "id": 7}))
+    sock.sendall(b"not json\n" + encode({"cmd": "rm -rf", "id": 1}) + b"[1]\n" + encode({"cmd": "resume", "id": 7}))
     replies = _replies(sock, 4)
     assert [r["ok"] for r in replies] == [False] * 4
     assert "bad command line" in replies[0]["error"]
     assert "unknown command 'rm -rf'" in replies[1]["error"]
     assert "expected a JSON object" in replies[2]["error"]
     assert replies[3]["id"] == 7
-    assert replies[3]["action"] == "checkpoint"
-    assert "not available" in replies[3]["error"]
+    assert replies[3]["action"] == "resume"
+    assert replies[3]["error"] == "the run is not paused"
 
     sock.sendall(b"x" * (MAX_LINE_BYTES + 10))
     oversized = _replies(sock, 1)
@@ -196,4 +196,5 @@ def test_bad_command_lines_get_error_replies_and_the_run_finishes(run_root: Path
     sock.close()
     finish(proc)
     assert records(ledger_file(run_root))[-1]["reason"] == "finished"
-    assert not [r for r in records(ledger_file(run_root)) if r["kind"] == "action"]  # garbage stays out of the ledger
+    # Garbage stays out of the ledger; the valid (refused) command is there.
+    assert [r["id"] for r in records(ledger_file(run_root)) if r["kind"] == "action"] == [7]

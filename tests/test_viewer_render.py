@@ -57,9 +57,15 @@ def test_a_command_is_pending_until_its_action_arrives():
     state.command_sent(3, "checkpoint", now=0.0)
     assert 3 in state.pending
     assert state.alerts[0].message.startswith("checkpoint sent")
-    state.apply({"kind": "action", "id": 3, "action": "checkpoint", "ok": True, "path": "runs/x/ck.pt", "step": 9})
+    state.apply({"kind": "action", "id": 3, "action": "checkpoint", "ok": True, "path": "runs/x/step-10.pt", "step": 9,
+                 "bytes": 36012, "steps_done": 10})  # fmt: skip
     assert state.pending == {}
-    assert state.alerts[0].message == "checkpoint done: runs/x/ck.pt"
+    assert state.alerts[0].message == "checkpoint written: runs/x/step-10.pt (35.2 KiB, step 10)"
+    state.apply({"kind": "action", "id": 5, "action": "checkpoint", "ok": True, "path": "x.pt", "bytes": "huge"})
+    assert state.alerts[0].message == "checkpoint written: x.pt"  # a field of the wrong type is left out
+    state.apply({"kind": "action", "id": 6, "action": "pause", "ok": True, "step": 9})
+    assert state.alerts[0].message == "paused after step 9"
+    assert state.status == "paused"
     state.apply({"kind": "action", "id": 4, "action": "pause", "ok": False, "error": "disk full", "step": 9})
     assert state.alerts[0].message == "pause failed: disk full"
     assert state.alerts[0].severity == "warning"

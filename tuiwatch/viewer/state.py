@@ -43,7 +43,9 @@ def describe_action(r: Record, action: str) -> str:
     path, done = r.get("path"), r.get("steps_done")
     if action == "checkpoint" and path:
         n_bytes = r.get("bytes")
-        return f"checkpoint written: {path} ({size(n_bytes if _is_number(n_bytes) else None)}, step {done})"
+        if not (_is_number(n_bytes) and _is_number(done)):
+            return f"checkpoint written: {path}"
+        return f"checkpoint written: {path} ({size(n_bytes)}, step {done})"
     if action == "dump" and path:
         return f"dump written: {path}"
     if action == "stop":
