@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 from tuiwatch.ledger.reader import read_ledger
@@ -38,3 +39,18 @@ def test_a_run_killed_mid_write_leaves_a_readable_ledger(run_root: Path, socket_
     assert reader.skipped <= 1
     assert steps == list(range(len(steps)))
     assert len(steps) >= 200
+
+
+def test_sigterm_ends_the_ledger_with_reason_killed_within_2_s(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "100000", "--step-sleep", "0.005")
+    ledger = wait_for_ledger(run_root)
+    wait_until(lambda: count_steps(ledger) > 5, what="steps")
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode == 143
+    last = records(ledger)[-1]
+    assert last["kind"] == "end"
+    assert last["reason"] == "killed"
+    assert not list(socket_dir.glob("*.sock"))  # no socket left behind

@@ -11,17 +11,43 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "attach",
         help="watch a live run in the terminal",
-        description="Open the viewer on a live run of this host. TARGET: a run name, a pid, or a socket path; "
-        "without it, the one live run, or a picker when there are several.",
+        description="Open the viewer on a live run. TARGET: a run name, a pid, or a socket path on this host; "
+        "[user@]host:[name] for a run on another host, reached through your ssh; without TARGET, the one live "
+        "run here, or a picker when there are several.",
     )
-    p.add_argument("target", nargs="?", help="run name, pid or socket path")
+    p.add_argument("target", nargs="?", help="run name, pid, socket path, or [user@]host:[name]")
+    add_remote_options(p)
     p.set_defaults(run=run)
+
+
+def add_remote_options(p: Any) -> None:
+    p.add_argument(
+        "--ssh",
+        default=None,
+        metavar="CMD",
+        help="the ssh command for host: targets (default $TUIWATCH_SSH or ssh), e.g. 'ssh -p 2222'",
+    )
+    p.add_argument(
+        "--remote-tuiwatch",
+        default=None,
+        metavar="CMD",
+        help="tuiwatch on the remote host (default $TUIWATCH_REMOTE or tuiwatch), e.g. ~/venv/bin/tuiwatch",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from tuiwatch.errors import TuiwatchError
+    from tuiwatch.remote import choose_remote_run, parse_remote
     from tuiwatch.runs import LiveRun, find_socket_by_name, resolve_target
 
+    remote = parse_remote(args.target, args.ssh, args.remote_tuiwatch)
+    if remote is not None:
+        from tuiwatch.viewer.app import TuiwatchApp
+        from tuiwatch.viewer.sources import CommandSource
+
+        chosen = choose_remote_run(remote)
+        TuiwatchApp(CommandSource(remote.argv("relay", str(chosen.pid)), f"{remote.host}:{chosen.name}")).run()
+        return 0
     found = resolve_target(args.target)
     if isinstance(found, list):
         from tuiwatch.viewer.picker import pick_run

@@ -11,13 +11,30 @@ from tuiwatch.runs import as_dicts, list_live_runs
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("ls", help="list live runs on this host", description="List the live runs on this host.")
+    from tuiwatch.cli.attach import add_remote_options
+
+    p = sub.add_parser(
+        "ls",
+        help="list live runs on this host (or host:)",
+        description="List the live runs on this host, or on another with HOST: (through ssh).",
+    )
+    p.add_argument("host", nargs="?", metavar="HOST:", help="[user@]host: to list the runs of another host")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    add_remote_options(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    runs = list_live_runs()
+    from tuiwatch.errors import TuiwatchError
+    from tuiwatch.remote import list_remote_runs, parse_remote
+
+    if args.host is not None:
+        remote = parse_remote(args.host if args.host.endswith(":") else f"{args.host}:", args.ssh, args.remote_tuiwatch)
+        if remote is None or remote.name is not None:
+            raise TuiwatchError(f"ls takes a host as HOST: (got {args.host!r})")
+        runs = list_remote_runs(remote)
+    else:
+        runs = list_live_runs()
     if args.json:
         print(orjson.dumps(as_dicts(runs), option=orjson.OPT_INDENT_2).decode())
         return 0

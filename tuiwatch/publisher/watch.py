@@ -64,6 +64,7 @@ OOM_SYNC_S = 5.0
 _live: weakref.WeakSet[Watch] = weakref.WeakSet()
 _process_hooks_installed = False
 _uncaught: list[type[BaseException]] = []
+_terminated: list[int] = []  # SIGTERM received: the run ends "killed"
 
 
 def _default_name() -> str:
@@ -781,6 +782,8 @@ def _restore_epoch_rng(saved: dict[str, Any], loader: Any) -> None:
 
 
 def _end_reason(exc_type: type[BaseException] | None) -> str:
+    if _terminated:
+        return "killed"
     if exc_type is None:
         return "finished"
     if issubclass(exc_type, NonFiniteError):
@@ -799,6 +802,10 @@ def _close_all_at_exit() -> None:
 def _after_fork_in_child() -> None:
     for watch in list(_live):
         watch._forked_child()
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a loader worker keeps the default SIGTERM
 
 
 def _install_process_hooks() -> None:
@@ -818,3 +825,31 @@ def _install_process_hooks() -> None:
         previous(exc_type, exc, tb)
 
     sys.excepthook = excepthook
+    _install_sigterm_handler()
+
+
+def _install_sigterm_handler() -> None:
+    """SIGTERM (a scheduler's kill, ``kill PID``) ends the ledger with reason ``killed``, then the process exits.
+
+    Only where SIGTERM still has its default action and only from the main
+    thread: a handler the program installed itself is left alone. The handler
+    raises SystemExit(143), so the stack unwinds normally (locks are released,
+    ``with`` blocks close their Watch) and the exit status is the one a
+    SIGTERM gives.
+    """
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    import signal
+
+    _terminated.append(signum)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    raise SystemExit(128 + signum)

@@ -1,0 +1,62 @@
+"""Attach and ls through a real ssh to a real sshd on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tuiwatch.remote import choose_remote_run, parse_remote
+from tuiwatch.viewer.sources import CommandSource
+
+from .helpers import env_for, finish, start_training, wait_until
+from .ssh_helpers import Sshd, sshd  # noqa: F401 - the fixture
+from .viewer_helpers import RecordingApp, until
+
+
+def tw(socket_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tuiwatch", *args], env=env_for(socket_dir), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def test_ls_host_lists_the_runs_there(sshd: Sshd, run_root: Path, socket_dir: Path):  # noqa: F811
+    proc = start_training(run_root, socket_dir, "--name", "resnet", "--steps", "2000", "--step-sleep", "0.005")
+    wait_until(lambda: list(socket_dir.glob("*.sock")) or None, what="the run's socket")
+    out = tw(socket_dir, "ls", f"{sshd.host}:", "--json", "--ssh", sshd.ssh, "--remote-tuiwatch", sshd.remote_tuiwatch)
+    assert out.returncode == 0, out.stderr
+    assert [(r["name"], r["pid"]) for r in json.loads(out.stdout)] == [("resnet", proc.pid)]
+    proc.kill()
+    proc.wait()
+
+
+async def test_attach_host_name_streams_the_run_and_carries_commands(sshd: Sshd, run_root: Path,  # noqa: F811
+                                                                    socket_dir: Path):  # fmt: skip
+    proc = start_training(run_root, socket_dir, "--name", "resnet", "--steps", "100000", "--step-sleep", "0.005")
+    wait_until(lambda: list(socket_dir.glob("*.sock")) or None, what="the run's socket")
+    remote = parse_remote(f"{sshd.host}:resnet", sshd.ssh, sshd.remote_tuiwatch)
+    assert remote is not None
+    chosen = choose_remote_run(remote)
+    app = RecordingApp(CommandSource(remote.argv("relay", str(chosen.pid)), f"{remote.host}:{chosen.name}"))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await until(pilot, lambda: app.state.status == "live" and (app.state.step or 0) > 10, what="live steps")
+        assert app.state.run["pid"] == proc.pid
+        await pilot.press("s")
+        await pilot.press("y")
+        await until(pilot, lambda: app.state.status == "stopped", what="the run to stop through ssh")
+    finish(proc)
+
+
+def test_a_wrong_host_or_a_missing_tuiwatch_is_one_clear_line(sshd: Sshd, socket_dir: Path):  # noqa: F811
+    out = tw(socket_dir, "attach", "no-such-host.invalid:x", "--ssh", "ssh -o BatchMode=yes -o ConnectTimeout=5")
+    assert out.returncode == 1
+    assert out.stderr.startswith("tuiwatch: error: ssh to no-such-host.invalid failed: ")
+    assert out.stderr.count("\n") == 1
+    out = tw(socket_dir, "ls", f"{sshd.host}:", "--ssh", sshd.ssh, "--remote-tuiwatch", "/nonexistent/tuiwatch")
+    assert out.returncode == 1
+    assert out.stderr == (f"tuiwatch: error: tuiwatch is not installed on {sshd.host} (ran: /nonexistent/tuiwatch): "
+                          "install it there, or give --remote-tuiwatch PATH\n")  # fmt: skip
+    out = tw(socket_dir, "attach", f"{sshd.host}:nothing", "--ssh", sshd.ssh, "--remote-tuiwatch",
+             sshd.remote_tuiwatch)  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr == f"tuiwatch: error: no live runs on {sshd.host}\n"
