@@ -13,8 +13,8 @@ from tuiwatch.rules import Diagnosis
 def summarize(records: Iterable[Record], skipped: int = 0) -> dict[str, Any]:
     """The summary of a run; alerts are those in the ledger plus those the rules find on replay."""
     records = list(records)
-    recorded = {(r.get("rule"), r.get("step")) for r in records if r.get("kind") == "alert"}
-    replayed = [a for a in Diagnosis().run(records) if (a["rule"], a["step"]) not in recorded]
+    recorded = {_alert_key(r) for r in records if r.get("kind") == "alert"}
+    replayed = [a for a in Diagnosis().run(records) if _alert_key(a) not in recorded]
     return _summarize([*records, *replayed], skipped)
 
 
@@ -44,9 +44,9 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
             if isinstance(loss, int | float):
                 final_loss = loss
                 if math.isfinite(loss) and (best_loss is None or loss < best_loss):
-                    best_loss, best_step = loss, r.get("step")
-            wait += r.get("data_wait_s") or 0.0
-            compute += r.get("compute_s") or 0.0
+                    best_loss, best_step = loss, _alert_key(r)[1]
+            wait += _seconds(r.get("data_wait_s"))
+            compute += _seconds(r.get("compute_s"))
             peak = r.get("mem_peak")
             if isinstance(peak, int | float):
                 peak_mem = max(peak_mem or 0, peak)
@@ -61,7 +61,8 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
                 peak_rss = max(peak_rss or 0, rss)
         elif kind == "alert" and r.get("severity") != "info":
             rule = str(r.get("rule"))
-            entry = alerts.setdefault(rule, {"count": 0, "first_step": r.get("step"), "severity": r.get("severity")})
+            entry = alerts.setdefault(rule, {"count": 0, "first_step": _alert_key(r)[1],
+                                             "severity": str(r.get("severity"))})  # fmt: skip
             entry["count"] += 1
         elif kind == "end":
             end = r
@@ -85,14 +86,25 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
     }
 
 
+def _alert_key(r: Record) -> tuple[str, int | None]:
+    step = r.get("step")
+    return str(r.get("rule")), step if type(step) is int else None
+
+
+def _seconds(value: Any) -> float:
+    """A duration field as seconds; 0 for anything that is not a finite number (a ledger from elsewhere)."""
+    return float(value) if type(value) in (int, float) and math.isfinite(value) else 0.0
+
+
 def as_text(summary: dict[str, Any]) -> str:
     from tuiwatch.viewer.render.text import duration, number, safe, size
 
     share = summary["data_wait_share"]
     best_step = summary["best_step"]
     lines = [
-        f"run        {safe(summary['name'])} ({summary['run_id']})",
-        f"end        {summary['end'] or 'no end record (the run was killed or is still going)'}",
+        # Every string comes from a ledger, which may come from anywhere: shown literally.
+        f"run        {safe(str(summary['name']))} ({safe(str(summary['run_id']))})",
+        f"end        {safe(str(summary['end'] or 'no end record (the run was killed or is still going)'))}",
         f"steps      {summary['steps']} in {duration(summary['duration_s'])}, {summary['evals']} evals",
         f"loss       final {number(summary['final_loss'])}, best {number(summary['best_loss'])}"
         f" at step {'-' if best_step is None else best_step}",
@@ -103,7 +115,8 @@ def as_text(summary: dict[str, Any]) -> str:
     if summary["alerts"]:
         lines.append("alerts")
         for rule, a in sorted(summary["alerts"].items(), key=lambda kv: kv[1]["first_step"] or 0):
-            lines.append(f"  {safe(rule, 30):<16} {a['severity']:<8} x{a['count']}  first at step {a['first_step']}")
+            lines.append(f"  {safe(rule, 30):<16} {safe(a['severity'], 10):<8} x{a['count']}"
+                         f"  first at step {a['first_step']}")  # fmt: skip
     else:
         lines.append("alerts     none")
     if summary["skipped_lines"]:
