@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
-import subprocess
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-
-import pytest
-
-from .helpers import wait_until
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -25,41 +16,7 @@ class Sshd:
     remote_tuiwatch: str  # tuiwatch on "the remote host" (this one), seeing the test's socket directory
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def sshd(tmp_path: Path, socket_dir: Path) -> Iterator[Sshd]:
-    if not os.path.exists(SSHD) or os.geteuid() != 0:
-        pytest.skip("needs sshd and root: make check installs openssh-server where it can")
-    d = tmp_path / "ssh"
-    d.mkdir(mode=0o700)
-    for key in ("host_key", "user_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
-    (d / "authorized_keys").write_text((d / "user_key.pub").read_text())
-    os.chmod(d / "authorized_keys", 0o600)
-    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-    port = _free_port()
-    config = d / "sshd_config"
-    config.write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
-        f"PidFile {d / 'sshd.pid'}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-        "StrictModes no\nPermitRootLogin prohibit-password\nLogLevel ERROR\n"
-    )
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
-
-    def listening() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"sshd exited: {proc.stderr.read() if proc.stderr else ''}")
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_until(listening, what="sshd to listen")
-    ssh = (f"ssh -p {port} -i {d / 'user_key'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-           "-o BatchMode=yes -o LogLevel=ERROR")  # fmt: skip
-    yield Sshd("127.0.0.1", ssh, f"env TUIWATCH_DIR={socket_dir} {sys.executable} -m tuiwatch")
-    proc.terminate()
-    proc.wait(10)

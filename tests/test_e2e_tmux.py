@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,22 +14,11 @@ from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.viewer.render.text import number
 
 from .helpers import wait_until
+from .tmux_helpers import HEADER, capture
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
-HEADER = re.compile(r"tuiwatch\s+(\S+)@\S+\s+step ([\d,]+)")
 LOSS = re.compile(r"│ loss (\S+)")
 CHECKPOINT = re.compile(r"checkpointwritten:(/\S+?\.pt)\(")
-
-
-@pytest.fixture
-def tmux(socket_dir: Path) -> Iterator[list[str]]:
-    server = ["tmux", "-L", f"tuiwatch-test-{os.getpid()}", "-f", "/dev/null"]
-    yield server
-    subprocess.run([*server, "kill-server"], capture_output=True)
-
-
-def _capture(tmux: list[str], pane: str) -> str:
-    return subprocess.run([*tmux, "capture-pane", "-p", "-t", pane], capture_output=True, text=True).stdout
 
 
 def _joined(screen: str) -> str:
@@ -45,7 +32,7 @@ def _panes(tmux: list[str]) -> list[str]:
 
 
 def _frame(tmux: list[str], pane: str) -> tuple[int, str] | None:
-    screen = _capture(tmux, pane)
+    screen = capture(tmux, pane)
     header, loss = HEADER.search(screen), LOSS.search(screen)
     if header is None or loss is None:
         return None
@@ -87,9 +74,9 @@ def test_attach_shows_the_run_live_and_q_leaves_the_run_running(tmux: list[str],
 
     # c: the run writes a checkpoint at its next step boundary; the alert pane, full screen, shows where.
     subprocess.run([*tmux, "send-keys", "-t", viewer, "c"], check=True)
-    wait_until(lambda: "checkpoint written:" in _capture(tmux, viewer), what="the checkpoint's reply on screen")
+    wait_until(lambda: "checkpoint written:" in capture(tmux, viewer), what="the checkpoint's reply on screen")
     subprocess.run([*tmux, "send-keys", "-t", viewer, "Tab", "Tab", "Tab", "f"], check=True)
-    shown = wait_until(lambda: CHECKPOINT.search(_joined(_capture(tmux, viewer))), what="the checkpoint's path")
+    shown = wait_until(lambda: CHECKPOINT.search(_joined(capture(tmux, viewer))), what="the checkpoint's path")
     written = Path(shown.group(1))
     assert written.parent.parent.parent == run_root
     assert written.stat().st_size > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ from tuiwatch.remote import choose_remote_run, parse_remote
 from tuiwatch.viewer.sources import CommandSource
 
 from .helpers import env_for, finish, start_training, wait_until
-from .ssh_helpers import Sshd, sshd  # noqa: F401 - the fixture
+from .ssh_helpers import Sshd
+from .tmux_helpers import HEADER, capture
 from .viewer_helpers import RecordingApp, until
 
 
@@ -20,7 +22,7 @@ def tw(socket_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=120)  # fmt: skip
 
 
-def test_ls_host_lists_the_runs_there(sshd: Sshd, run_root: Path, socket_dir: Path):  # noqa: F811
+def test_ls_host_lists_the_runs_there(sshd: Sshd, run_root: Path, socket_dir: Path):
     proc = start_training(run_root, socket_dir, "--name", "resnet", "--steps", "2000", "--step-sleep", "0.005")
     wait_until(lambda: list(socket_dir.glob("*.sock")) or None, what="the run's socket")
     out = tw(socket_dir, "ls", f"{sshd.host}:", "--json", "--ssh", sshd.ssh, "--remote-tuiwatch", sshd.remote_tuiwatch)
@@ -30,7 +32,7 @@ def test_ls_host_lists_the_runs_there(sshd: Sshd, run_root: Path, socket_dir: Pa
     proc.wait()
 
 
-async def test_attach_host_name_streams_the_run_and_carries_commands(sshd: Sshd, run_root: Path,  # noqa: F811
+async def test_attach_host_name_streams_the_run_and_carries_commands(sshd: Sshd, run_root: Path,
                                                                     socket_dir: Path):  # fmt: skip
     proc = start_training(run_root, socket_dir, "--name", "resnet", "--steps", "100000", "--step-sleep", "0.005")
     wait_until(lambda: list(socket_dir.glob("*.sock")) or None, what="the run's socket")
@@ -47,7 +49,7 @@ async def test_attach_host_name_streams_the_run_and_carries_commands(sshd: Sshd,
     finish(proc)
 
 
-def test_a_wrong_host_or_a_missing_tuiwatch_is_one_clear_line(sshd: Sshd, socket_dir: Path):  # noqa: F811
+def test_a_wrong_host_or_a_missing_tuiwatch_is_one_clear_line(sshd: Sshd, socket_dir: Path):
     out = tw(socket_dir, "attach", "no-such-host.invalid:x", "--ssh", "ssh -o BatchMode=yes -o ConnectTimeout=5")
     assert out.returncode == 1
     assert out.stderr.startswith("tuiwatch: error: ssh to no-such-host.invalid failed: ")
@@ -60,3 +62,20 @@ def test_a_wrong_host_or_a_missing_tuiwatch_is_one_clear_line(sshd: Sshd, socket
              sshd.remote_tuiwatch)  # fmt: skip
     assert out.returncode == 1
     assert out.stderr == f"tuiwatch: error: no live runs on {sshd.host}\n"
+
+
+def test_attach_host_name_in_a_real_terminal(sshd: Sshd, run_root: Path, socket_dir: Path, tmux: list[str]):
+    proc = start_training(run_root, socket_dir, "--name", "resnet", "--steps", "100000", "--step-sleep", "0.01")
+    wait_until(lambda: list(socket_dir.glob("*.sock")) or None, what="the run's socket")
+    attach = shlex.join([sys.executable, "-m", "tuiwatch", "attach", f"{sshd.host}:resnet", "--ssh", sshd.ssh,
+                         "--remote-tuiwatch", sshd.remote_tuiwatch])  # fmt: skip
+    subprocess.run([*tmux, "new-session", "-d", "-s", "e2e", "-x", "160", "-y", "40",
+                    f"env TERM=xterm-256color {attach}"], check=True)  # fmt: skip
+    first = wait_until(lambda: HEADER.search(capture(tmux, "e2e")), timeout=30, what="the viewer over ssh")
+    assert first.group(1) == "resnet"
+    step = int(first.group(2).replace(",", ""))
+    wait_until(lambda: (m := HEADER.search(capture(tmux, "e2e"))) and int(m.group(2).replace(",", "")) > step + 5,
+               what="the step to advance on screen")  # fmt: skip
+    subprocess.run([*tmux, "send-keys", "-t", "e2e", "q"], check=True)
+    proc.kill()
+    proc.wait()

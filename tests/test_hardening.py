@@ -1,0 +1,99 @@
+"""What peers and crashes do to a run: a flood of connections, viewers killed mid-stream, a writer killed mid-line."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import time
+from pathlib import Path
+
+from tuiwatch.ledger.codec import encode
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.socketdir import list_sockets
+from tuiwatch.ledger.wire import connect, iter_records
+from tuiwatch.ledger.writer import FileLedger
+
+from .helpers import count_steps, finish, ledger_file, records, start_training, wait_for_ledger, wait_until
+
+
+def _socket(socket_dir: Path) -> Path:
+    return wait_until(lambda: next(iter(list_sockets(socket_dir)), None), what="the run's socket").path
+
+
+def _try_connect(path: Path) -> socket.socket | None:
+    try:
+        return connect(path, timeout=5)
+    except BlockingIOError:
+        return None  # the listen backlog is full for now: the server drains it every cycle
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_flood_of_connections_and_killed_viewers_leave_no_fd_and_the_run_finishes(run_root: Path,
+                                                                                    socket_dir: Path):  # fmt: skip
+    proc = start_training(run_root, socket_dir, "--steps", "1500", "--step-sleep", "0.002")
+    path = _socket(socket_dir)
+    ledger = wait_for_ledger(run_root)
+    wait_until(lambda: count_steps(ledger) > 10, what="steps")
+    baseline = _fds(proc.pid)
+    # Hundreds of connections opened at once, then dropped without a word.
+    flood = []
+    for _ in range(300):
+        try:
+            flood.append(connect(path, timeout=5))
+        except OSError:
+            break  # the backlog is full: the flood is refused, the run goes on
+    assert len(flood) >= 64
+    for s in flood:
+        s.close()
+    # 100 viewers that read a little and die abruptly (RST instead of FIN).
+    for _ in range(100):
+        viewer = wait_until(lambda: _try_connect(path), what="a connection")
+        viewer.recv(4096)
+        viewer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        viewer.close()
+    wait_until(lambda: _fds(proc.pid) <= baseline + 2 or None, what="the run to close every dead connection")
+    # A new viewer still gets the run at once.
+    started = time.monotonic()
+    fresh = wait_until(lambda: _try_connect(path), what="a connection")
+    first = next(iter_records(fresh))
+    assert first["kind"] == "run"
+    assert time.monotonic() - started < 1.0
+    fresh.close()
+    _, err = finish(proc)
+    assert "Traceback" not in err
+    assert records(ledger_file(run_root))[-1]["reason"] == "finished"
+    assert count_steps(ledger) == 1500
+
+
+def test_a_writer_killed_mid_write_leaves_a_clean_prefix(tmp_path: Path):
+    rng = random.Random(0)  # noqa: S311 - the moments of the kills, not secrets
+    torn = 0
+    for round_ in range(200):
+        path = tmp_path / f"ledger-{round_}.jsonl"
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child never returns
+            try:
+                store = FileLedger(path)
+                step = 0
+                while True:  # batches of records, as the publisher appends them
+                    store.append(b"".join(encode({"kind": "step", "step": step + i, "pad": "x" * 3000})
+                                          for i in range(7)))  # fmt: skip
+                    step += 7
+            finally:
+                os._exit(1)
+        time.sleep(rng.uniform(0.0, 0.004))  # the moment of the kill, at random
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        if not path.exists():
+            continue  # killed before its first write: nothing to read, nothing lost
+        reader = read_ledger(path)
+        steps = [r["step"] for r in reader]
+        assert steps == list(range(len(steps)))  # a clean prefix: nothing missing, nothing mangled
+        assert reader.skipped <= 1  # at most the one torn last line
+        torn += reader.skipped
+    assert torn >= 20  # the kills did land inside writes
