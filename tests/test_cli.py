@@ -98,8 +98,27 @@ def test_demo_fault_prints_the_rule_that_names_it_and_the_first_bad_module(tmp_p
     assert "argument --fault: invalid choice: 'nan'" in unknown.stderr
 
 
+def test_doctor_reports_each_part_with_a_fix_for_failures(tmp_path: Path, socket_dir: Path):
+    out = tw(socket_dir, "doctor", "--run-dir", str(tmp_path / "runs"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("ok    torch 2.13.0")
+    assert any(line.startswith(("ok    NVML", "warn  NVML")) for line in lines)
+    assert f"ok    socket directory {socket_dir} (mode 700, yours)" in lines
+    assert any(line.startswith(f"ok    run directory {tmp_path / 'runs'}: writable") for line in lines)
+    socket_dir.chmod(0o777)
+    try:
+        broken = tw(socket_dir, "doctor", "--run-dir", str(tmp_path / "runs"))
+    finally:
+        socket_dir.chmod(0o700)
+    assert broken.returncode == 1
+    failing = broken.stdout.splitlines()
+    at = next(i for i, line in enumerate(failing) if line.startswith("fail  socket directory"))
+    assert failing[at + 1] == "      fix: set TUIWATCH_DIR to a directory only you can write"
+
+
 def test_help_is_there_for_every_command(socket_dir: Path):
-    for args in ((), ("ls",), ("demo",), ("attach",), ("replay",), ("report",), ("diff",)):
+    for args in ((), ("ls",), ("demo",), ("attach",), ("replay",), ("report",), ("diff",), ("relay",), ("doctor",)):
         out = tw(socket_dir, *args, "--help")
         assert out.returncode == 0
         assert out.stdout.startswith("usage: tuiwatch")

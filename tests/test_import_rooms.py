@@ -40,7 +40,8 @@ def test_public_names_resolve_lazily():
 
 
 def test_the_publisher_loads_torch_but_never_textual():
-    assert loaded_after(["tuiwatch.publisher"]) == {"torch"}
+    assert loaded_after(["tuiwatch.publisher.watch"]) == {"torch"}
+    assert loaded_after(["tuiwatch.publisher.nvml", "tuiwatch.cli.doctor"]) == set()
     assert loaded_after(["tuiwatch.publisher.dumps", "tuiwatch.microscope.first_nonfinite"]) == {"torch"}
 
 

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from tuiwatch._version import __version__
-from tuiwatch.cli import attach, demo, diff, ls, relay, replay, report
+from tuiwatch.cli import attach, demo, diff, doctor, ls, relay, replay, report
 from tuiwatch.errors import TuiwatchError
 
-COMMANDS = (attach, ls, replay, report, diff, relay, demo)
+COMMANDS = (attach, ls, replay, report, diff, relay, doctor, demo)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

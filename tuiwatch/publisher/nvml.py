@@ -86,3 +86,12 @@ def sample_gpus() -> tuple[list[dict[str, Any]] | None, str | None]:
             }
         )
     return gpus, None
+
+
+def driver_version() -> str | None:
+    """The NVIDIA driver's version, or None without NVML."""
+    lib = _init()
+    if lib is None:
+        return None
+    version = _field(lib.nvmlSystemGetDriverVersion)
+    return version.decode() if isinstance(version, bytes) else version
