@@ -97,3 +97,28 @@ def test_a_writer_killed_mid_write_leaves_a_clean_prefix(tmp_path: Path):
         assert reader.skipped <= 1  # at most the one torn last line
         torn += reader.skipped
     assert torn >= 20  # the kills did land inside writes
+
+
+def test_a_full_disk_leaves_the_ledger_on_a_record_boundary_and_the_run_goes_on(run_root: Path, socket_dir: Path):
+    # RLIMIT_FSIZE makes the kernel refuse writes past 20 kB, as a full disk would (EFBIG instead of ENOSPC).
+    proc = start_training(run_root, socket_dir, "--steps", "300", "--step-sleep", "0.002", "--max-file-bytes", "20000")
+    path = _socket(socket_dir)
+    viewer = connect(path, timeout=10)
+    seen = []
+    for record in iter_records(viewer):
+        seen.append(record)
+        if record.get("kind") == "end":
+            break
+    _, err = finish(proc)
+    assert "tuiwatch: publisher degraded (OSError: [Errno 27] File too large); training continues" in err
+    ledger = ledger_file(run_root)
+    assert ledger.stat().st_size <= 20000
+    reader = read_ledger(ledger)
+    on_disk = list(reader)
+    assert reader.skipped == 0  # cut back to the last whole record
+    steps_on_disk = [r["step"] for r in on_disk if r["kind"] == "step"]
+    steps_seen = [r["step"] for r in seen if r["kind"] == "step"]
+    assert steps_seen == list(range(300))  # the viewer got every step, from memory after the disk filled
+    assert steps_on_disk == list(range(len(steps_on_disk)))
+    assert len(steps_on_disk) < 300
+    assert seen[-1]["status"] == "degraded"

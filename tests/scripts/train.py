@@ -51,7 +51,14 @@ def main() -> None:
     p.add_argument("--resume", default=None, help="a checkpoint to restore before training")
     p.add_argument("--stop-mode", default="flag", choices=("flag", "raise"))
     p.add_argument("--width", type=int, default=32, help="hidden width (a larger state dict)")
+    p.add_argument("--max-file-bytes", type=int, default=None, help="RLIMIT_FSIZE: a disk that fills up")
     args = p.parse_args()
+    if args.max_file_bytes:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (args.max_file_bytes, args.max_file_bytes))
 
     torch.set_num_threads(1)  # bit-identical losses between a run and its resumed copy
     torch.manual_seed(0)

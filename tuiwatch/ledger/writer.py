@@ -42,10 +42,19 @@ class FileLedger:
 
     def append(self, data: bytes) -> None:
         view = memoryview(data)
-        while view:
-            n = os.write(self._wfd, view)
-            self.end += n
-            view = view[n:]
+        start = self.end
+        try:
+            while view:
+                n = os.write(self._wfd, view)
+                self.end += n
+                view = view[n:]
+        except OSError:
+            # A full disk or a file-size limit mid-batch: cut the file back to
+            # the last whole record, so the ledger never ends inside a line.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._wfd, start)
+                self.end = start
+            raise
 
     def read(self, offset: int, limit: int) -> bytes:
         return os.pread(self._rfd, min(limit, self.end - offset), offset)

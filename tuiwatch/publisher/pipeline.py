@@ -236,8 +236,15 @@ class Pipeline:
             found["evidence"]["dump"] = path
 
     def _append(self, records: list[Record]) -> None:
-        if records:
-            self.store.append(b"".join(encode(r) for r in records))
+        if not records:
+            return
+        data = b"".join(encode(r) for r in records)
+        try:
+            self.store.append(data)
+        except OSError as exc:
+            self._degrade(exc)
+            if isinstance(self.store, MemoryTail):
+                self.store.append(data)  # the records that did not fit reach the viewers all the same
 
     def _counters(self) -> tuple[Any, ...]:
         server = self.server.counters if self.server is not None else None
@@ -299,4 +306,4 @@ class Pipeline:
 def _is_store_error(exc: OSError) -> bool:
     import errno
 
-    return exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EBADF)
+    return exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EBADF, errno.EFBIG)
