@@ -10,8 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import wait_until
+from .helpers import STARTED, wait_until
 from .ssh_helpers import SSHD, Sshd, free_port
+
+
+@pytest.fixture(autouse=True)
+def no_training_left_behind() -> Iterator[None]:
+    """A test that fails midway must not leave a (possibly paused) training process running."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 @pytest.fixture

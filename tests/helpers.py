@@ -37,11 +37,17 @@ def env_for(socket_dir: Path) -> dict[str, str]:
     return env
 
 
+# Training processes started by the running test; conftest kills what a failed test left behind.
+STARTED: list[subprocess.Popen[str]] = []
+
+
 def start_training(run_root: Path, socket_dir: Path, *args: str, truth: Path | None = None) -> subprocess.Popen[str]:
     cmd = [sys.executable, str(TRAIN_SCRIPT), "--run-dir", str(run_root), *args]
     if truth is not None:
         cmd += ["--truth", str(truth)]
-    return subprocess.Popen(cmd, env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    STARTED.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[str, str]:
