@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import atexit
 import math
 import os
 import socket
 import sys
 import time
 import uuid
-import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +26,7 @@ from tuiwatch.ledger.records import END_REASONS, RESERVED_METRIC_NAMES, SCHEMA, 
 from tuiwatch.ledger.socketdir import ensure_socket_dir, remove_stale_sockets, safe_name, socket_path
 from tuiwatch.ledger.wire import Command, action_record
 from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
+from tuiwatch.publisher import process
 from tuiwatch.publisher.checkpoints import (
     FORMAT,
     Checkpoint,
@@ -60,11 +59,6 @@ RECENT_BATCH_BYTES = 64 << 20
 # non-finite stop or an OOM (it is ending or failing anyway).
 STOP_SYNC_S = 30.0
 OOM_SYNC_S = 5.0
-
-_live: weakref.WeakSet[Watch] = weakref.WeakSet()
-_process_hooks_installed = False
-_uncaught: list[type[BaseException]] = []
-_terminated: list[int] = []  # SIGTERM received: the run ends "killed"
 
 
 def _default_name() -> str:
@@ -234,8 +228,8 @@ class Watch:
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
         self._hooks.append(model.register_forward_hook(self._after_forward, always_call=True))
         self._pipeline.start()
-        _live.add(self)
-        _install_process_hooks()
+        process.watches.add(self)
+        process.install_hooks()
 
     # --- the loop -------------------------------------------------------------------
 
@@ -438,7 +432,7 @@ class Watch:
     def _after_forward(self, module: Any, args: Any, output: Any) -> None:
         if output is None:
             failure = sys.exc_info()[1]  # always_call: the forward is raising
-            if failure is not None and _is_oom(failure):
+            if failure is not None and process.is_oom(failure):
                 self._record_oom(failure)
             return
         s = self._cur
@@ -718,7 +712,7 @@ class Watch:
         self._pipeline.close(
             {"kind": "end", "t": time.time(), "reason": reason, "steps": self._step, "opt_steps": self._opt_steps}
         )
-        _live.discard(self)
+        process.watches.discard(self)
 
     def __enter__(self) -> Watch:
         return self
@@ -726,9 +720,9 @@ class Watch:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is not None and _is_oom(exc):
+        if exc is not None and process.is_oom(exc):
             self._record_oom(exc)
-        self.close(_end_reason(exc_type))
+        self.close(process.end_reason(exc_type))
 
     def _forked_child(self) -> None:
         self._inert = True
@@ -760,13 +754,6 @@ def _no_dump_reason(run_dir: Path | None) -> str:
     return "none (no run directory)" if run_dir is None else "none (the nonfinite rule is off)"
 
 
-def _is_oom(failure: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
-    if isinstance(failure, torch.OutOfMemoryError | MemoryError):
-        return True
-    return isinstance(failure, RuntimeError) and "can't allocate memory" in str(failure)
-
-
 def _epoch_rng(loader: Any) -> dict[str, Any]:
     """The RNG states a loader's shuffle draws from, taken before ``iter(loader)``."""
     generator = getattr(loader, "generator", None)
@@ -779,77 +766,3 @@ def _restore_epoch_rng(saved: dict[str, Any], loader: Any) -> None:
     generator = getattr(loader, "generator", None)
     if saved.get("loader_generator") is not None and isinstance(generator, torch.Generator):
         generator.set_state(saved["loader_generator"])
-
-
-def _end_reason(exc_type: type[BaseException] | None) -> str:
-    if _terminated:
-        return "killed"
-    if exc_type is None:
-        return "finished"
-    if issubclass(exc_type, NonFiniteError):
-        return "nonfinite"
-    if issubclass(exc_type, KeyboardInterrupt):
-        return "stopped"
-    return "stopped" if issubclass(exc_type, StopRequested) else "exception"
-
-
-def _close_all_at_exit() -> None:
-    reason = _end_reason(_uncaught[-1] if _uncaught else None)
-    for watch in list(_live):
-        watch.close(reason)
-
-
-def _after_fork_in_child() -> None:
-    for watch in list(_live):
-        watch._forked_child()
-    import signal
-
-    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a loader worker keeps the default SIGTERM
-
-
-def _install_process_hooks() -> None:
-    global _process_hooks_installed
-    if _process_hooks_installed:
-        return
-    _process_hooks_installed = True
-    atexit.register(_close_all_at_exit)
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-    previous: Callable[..., Any] = sys.excepthook
-
-    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
-        _uncaught.append(exc_type)
-        if _is_oom(exc):
-            for watch in list(_live):
-                watch._record_oom(exc)
-        previous(exc_type, exc, tb)
-
-    sys.excepthook = excepthook
-    _install_sigterm_handler()
-
-
-def _install_sigterm_handler() -> None:
-    """SIGTERM (a scheduler's kill, ``kill PID``) ends the ledger with reason ``killed``, then the process exits.
-
-    Only where SIGTERM still has its default action and only from the main
-    thread: a handler the program installed itself is left alone. The handler
-    raises SystemExit(143), so the stack unwinds normally (locks are released,
-    ``with`` blocks close their Watch) and the exit status is the one a
-    SIGTERM gives.
-    """
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        return
-    signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    import signal
-
-    _terminated.append(signum)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
-    raise SystemExit(128 + signum)

@@ -1,0 +1,102 @@
+"""What a Watch hooks into the process: interpreter exit, uncaught exceptions, fork, SIGTERM.
+
+Every live Watch is in :data:`watches`; the hooks are installed once per
+process, by the first Watch, and close those still open with the reason the
+process is ending for.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from tuiwatch.errors import NonFiniteError, StopRequested
+
+watches: weakref.WeakSet[Any] = weakref.WeakSet()
+_installed = False
+_uncaught: list[type[BaseException]] = []
+_terminated: list[int] = []  # SIGTERM received: the run ends "killed"
+
+
+def is_oom(failure: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(failure, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(failure, RuntimeError) and "can't allocate memory" in str(failure)
+
+
+def end_reason(exc_type: type[BaseException] | None) -> str:
+    """The ``end`` record's reason for a process ending with ``exc_type`` (None: normally)."""
+    if _terminated:
+        return "killed"
+    if exc_type is None:
+        return "finished"
+    if issubclass(exc_type, NonFiniteError):
+        return "nonfinite"
+    if issubclass(exc_type, KeyboardInterrupt):
+        return "stopped"
+    return "stopped" if issubclass(exc_type, StopRequested) else "exception"
+
+
+def install_hooks() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    atexit.register(_close_all_at_exit)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    previous: Callable[..., Any] = sys.excepthook
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        _uncaught.append(exc_type)
+        if is_oom(exc):
+            for watch in list(watches):
+                watch._record_oom(exc)
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+    _install_sigterm_handler()
+
+
+def _close_all_at_exit() -> None:
+    reason = end_reason(_uncaught[-1] if _uncaught else None)
+    for watch in list(watches):
+        watch.close(reason)
+
+
+def _after_fork_in_child() -> None:
+    for watch in list(watches):
+        watch._forked_child()
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a loader worker keeps the default SIGTERM
+
+
+def _install_sigterm_handler() -> None:
+    """SIGTERM (a scheduler's kill, ``kill PID``) ends the ledger with reason ``killed``, then the process exits.
+
+    Only where SIGTERM still has its default action and only from the main
+    thread: a handler the program installed itself is left alone. The handler
+    raises SystemExit(143), so the stack unwinds normally (locks are released,
+    ``with`` blocks close their Watch) and the exit status is the one a
+    SIGTERM gives.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _terminated.append(signum)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM kills at once
+    raise SystemExit(128 + signum)
