@@ -1,0 +1,190 @@
+"""The CUDA paths, checked on a machine with an NVIDIA GPU (none exists where the tests run).
+
+Run it as one short script when a GPU is lent (about a minute):
+
+    python bench/gpu_check.py
+
+Each check prints PASS or FAIL with what it saw; the exit code is the number
+of failures. What it checks:
+
+1. sync-free hot path: a CUDA MLP trains 50 steps under
+   ``torch.cuda.set_sync_debug_mode("error")`` with ``on_nonfinite="warn"``
+   and every Watch feature on (batches, log of a tensor loss, clip through the
+   Watch, optimizer hooks): any device sync raises;
+2. the deferred values arrive: losses, grad norms and finiteness in the ledger
+   equal what the loop computed (read after the run);
+3. memory fields: ``mem_allocated``/``mem_reserved``/``mem_peak`` on every step,
+   and allocated ≤ reserved;
+4. NVML: ``system`` records carry ``gpus`` with utilisation and memory;
+5. ``on_nonfinite="stop"``: one sync per step (allowed by switching the debug
+   mode to "warn" and counting the warnings), and the stop still raises
+   before the update;
+6. CUDA OOM: a too-large allocation inside the forward is recorded (``oom``
+   alert with allocated/reserved bytes) and re-raised as
+   ``torch.OutOfMemoryError``; the dump has ``cuda_memory.txt``;
+7. a checkpoint holds the CUDA RNG states and ``watch.restore`` puts them back.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import tuiwatch
+
+results: list[tuple[str, bool, str]] = []
+
+
+def check(name: str, ok: bool, detail: str = "") -> None:
+    results.append((name, ok, detail))
+    print(f"{'PASS' if ok else 'FAIL'}  {name}" + (f": {detail}" if detail else ""), flush=True)
+
+
+def model_and_data(device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer, list[Any]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x = torch.randn(50 * 32, 64)
+    y = (x[:, 0] > 0).long()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    return model, optimizer, list(loader)
+
+
+def sync_free(run_dir: Path, device: torch.device) -> None:
+    model, optimizer, batches = model_and_data(device)
+    losses: list[torch.Tensor] = []
+    watch = tuiwatch.Watch(model, optimizer, run_dir=run_dir, on_nonfinite="warn", name="gpu-sync-free")
+    error = None
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for xb, yb in watch.batches(batches):
+            xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            watch.log(loss=loss)
+            loss.backward()
+            watch.clip_grad_norm_(1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+    except RuntimeError as exc:
+        error = str(exc).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    watch.close()
+    check("1 sync-free hot path (on_nonfinite='warn')", error is None, error or "50 steps, no sync")
+    ledger = list(tuiwatch.read_ledger(watch.run_dir or ""))
+    steps = [r for r in ledger if r["kind"] == "step"]
+    expected = [float(v) for v in losses]
+    got = [s.get("loss") for s in steps]
+    same = len(got) == len(expected) and all(isinstance(g, float) and math.isclose(g, e, rel_tol=1e-6)
+                                             for g, e in zip(got, expected, strict=True))  # fmt: skip
+    check("2 deferred losses equal the loop's", same, f"{len(got)} steps, first {got[:2]} vs {expected[:2]}")
+    finite = all(s["finite"]["forward"] is True and s["finite"]["grad"] is True for s in steps)
+    check("2 finiteness and grad norms resolved", finite and all(s["grad_norm"] for s in steps))
+    mem = all(isinstance(s.get("mem_allocated"), int) and s["mem_allocated"] <= s["mem_reserved"] and
+              isinstance(s.get("mem_peak"), int) for s in steps)  # fmt: skip
+    check(
+        "3 memory fields on every step",
+        mem,
+        f"last: {steps[-1].get('mem_allocated')} / {steps[-1].get('mem_reserved')}",
+    )
+    system = [r for r in ledger if r["kind"] == "system"]
+    gpus = [g for r in system for g in (r.get("gpus") or [])]
+    readings = bool(gpus) and all(gpus[0].get(k) is not None for k in ("util", "mem_used", "mem_total"))
+    check("4 NVML readings in system records", readings,
+          str(gpus[0])[:200] if gpus else str([r.get("gpu_error") for r in system][:1]))  # fmt: skip
+
+
+def stop_mode(run_dir: Path, device: torch.device) -> None:
+    model, optimizer, batches = model_and_data(device)
+    watch = tuiwatch.Watch(model, optimizer, run_dir=run_dir, name="gpu-stop")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    raised = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for i, (xb, yb) in enumerate(watch.batches(batches[:20])):
+                xb, yb = xb.to(device), yb.to(device)
+                loss = nn.functional.cross_entropy(model(xb), yb) * (math.inf if i == 15 else 1.0)
+                watch.log(loss=loss)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        except tuiwatch.NonFiniteError as exc:
+            raised = exc
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    check("5 stop: NonFiniteError before the update", raised is not None and raised.step == 15, str(raised)[:160])
+    check("5 stop: about one sync per step", len(syncs) <= 16 + 4, f"{len(syncs)} sync warnings for 16 steps")
+
+
+def cuda_oom(run_dir: Path, device: torch.device) -> None:
+    class Greedy(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.empty(1 << 45, device=x.device)  # 32 TiB: cannot be allocated
+
+    model = Greedy()
+    watch = tuiwatch.Watch(model, None, run_dir=run_dir, name="gpu-oom")
+    raised = None
+    try:
+        for xb in watch.batches([torch.ones(4, 8, device=device)]):
+            model(xb)
+    except torch.OutOfMemoryError as exc:
+        raised = exc
+    watch.close()
+    ledger = list(tuiwatch.read_ledger(watch.run_dir or ""))
+    alerts = [r for r in ledger if r["kind"] == "alert" and r["rule"] == "oom"]
+    evidence = alerts[0]["evidence"] if alerts else {}
+    check("6 CUDA OOM re-raised unchanged", raised is not None)
+    check("6 oom alert with allocated/reserved", "mem_allocated" in evidence and "mem_reserved" in evidence,
+          str({k: evidence.get(k) for k in ("mem_allocated", "mem_reserved", "dump")}))  # fmt: skip
+    dump = Path(str(evidence.get("dump", "")))
+    check("6 dump has cuda_memory.txt", (dump / "cuda_memory.txt").is_file(), str(dump))
+
+
+def checkpoint_rng(run_dir: Path, device: torch.device) -> None:
+    model, optimizer, batches = model_and_data(device)
+    watch = tuiwatch.Watch(model, optimizer, run_dir=run_dir, name="gpu-ckpt")
+    for xb, _ in watch.batches(batches[:3]):
+        model(xb.to(device))
+    state = watch.checkpoint_state()
+    watch.close()
+    saved = state["rng"].get("cuda")
+    check("7 checkpoint holds CUDA RNG states", isinstance(saved, list) and len(saved) == torch.cuda.device_count())
+    if saved:
+        before = torch.rand(1, device=device)
+        torch.cuda.set_rng_state_all(saved)
+        again = torch.rand(1, device=device)
+        torch.cuda.set_rng_state_all(saved)
+        check("7 CUDA RNG restores", bool(torch.equal(torch.rand(1, device=device), again)), f"{before} vs {again}")
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device here: nothing to check (run this on a GPU host)")
+        return 0
+    device = torch.device("cuda", 0)
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
+    with tempfile.TemporaryDirectory(prefix="tuiwatch-gpu-") as tmp:
+        for fn in (sync_free, stop_mode, cuda_oom, checkpoint_rng):
+            try:
+                fn(Path(tmp) / fn.__name__, device)
+            except Exception as exc:  # one broken check must not hide the others
+                check(fn.__name__, False, f"{type(exc).__name__}: {exc}"[:300])
+    failed = sum(not ok for _, ok, _ in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main())
