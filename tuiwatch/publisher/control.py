@@ -11,9 +11,14 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.wire import Command
 
 SEEN_IDS = 4096
+
+
+class CommandRefused(TuiwatchError):
+    """A command that cannot run now (pause while paused, resume while running); the message is the reply's error."""
 
 
 class CommandQueue:

@@ -37,7 +37,7 @@ from tuiwatch.publisher.checkpoints import (
     versions,
     write_checkpoint,
 )
-from tuiwatch.publisher.control import CommandQueue
+from tuiwatch.publisher.control import CommandQueue, CommandRefused
 from tuiwatch.publisher.deferred import defer, resolve
 from tuiwatch.publisher.dumps import DUMP_REASONS, write_dump
 from tuiwatch.publisher.loader import iter_with_ids
@@ -556,11 +556,11 @@ class Watch:
                 result = {"path": self._request_dump("request")}
             elif command.cmd == "pause":
                 if self._paused:
-                    raise CheckpointError("the run is already paused; send resume")
+                    raise CommandRefused("the run is already paused; send resume")
                 self._paused = True
             elif command.cmd == "resume":
                 if not self._paused:
-                    raise CheckpointError("the run is not paused")
+                    raise CommandRefused("the run is not paused")
                 self._paused = False
             elif command.cmd == "stop":
                 self.should_stop = True
@@ -586,7 +586,7 @@ class Watch:
 
     def _request_dump(self, reason: str) -> str:
         if self.run_dir is None:
-            raise CheckpointError("this run has no run directory (Watch(run_dir=None)): nowhere to write")
+            raise CommandRefused("this run has no run directory (Watch(run_dir=None)): nowhere to write")
         step, batch, ids = self._last_batch or (max(self._step - 1, 0), None, None)
         path = write_dump(self.run_dir, step=step, reason=reason, alert=None, batch=batch, batch_ids=ids,
                           records=list(self._pipeline.recent), seed=self.seed)  # fmt: skip
