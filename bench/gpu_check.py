@@ -22,14 +22,25 @@ of failures. What it checks:
 6. CUDA OOM: a too-large allocation inside the forward is recorded (``oom``
    alert with allocated/reserved bytes) and re-raised as
    ``torch.OutOfMemoryError``; the dump has ``cuda_memory.txt``;
-7. a checkpoint holds the CUDA RNG states and ``watch.restore`` puts them back.
+7. a checkpoint holds the CUDA RNG states and ``watch.restore`` puts them back;
+8. ``compute_s`` from CUDA events agrees within 10% with the same steps timed
+   on the host around a ``torch.cuda.synchronize()``; the run record's
+   ``mem_total`` is the device's; NVML's memory used is at least the
+   allocator's reserved bytes, and this process's own GPU memory is read;
+9. overhead on the GPU: a model whose step takes ≥ 10 ms, with and without
+   ``Watch``, in interleaved rounds: the ratio of median step times (SPEC §9:
+   under 1%); the same for the small MLP, printed for scale.
+
+The output goes into docs/gpu.md.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -169,6 +180,83 @@ def checkpoint_rng(run_dir: Path, device: torch.device) -> None:
         check("7 CUDA RNG restores", bool(torch.equal(torch.rand(1, device=device), again)), f"{before} vs {again}")
 
 
+def heavy_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> torch.Tensor:
+    loss: torch.Tensor = model(x).square().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def heavy_model(device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4096, 4096) for _ in range(6)]).to(device)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-4), torch.randn(2048, 4096, device=device)
+
+
+def event_timing(run_dir: Path, device: torch.device) -> None:
+    model, optimizer, x = heavy_model(device)
+    watch = tuiwatch.Watch(model, optimizer, run_dir=run_dir, name="gpu-events", system=0.1)
+    host: list[float] = []
+    for xb in watch.batches([x] * 60):
+        t0 = time.perf_counter()
+        heavy_step(model, optimizer, xb)
+        torch.cuda.synchronize()  # the GPU is idle at each boundary: events and host time cover the same work
+        host.append(time.perf_counter() - t0)
+    watch.close()
+    ledger = list(tuiwatch.read_ledger(watch.run_dir or ""))
+    events = [r["compute_s"] for r in ledger if r["kind"] == "step"][5:]
+    ratio = statistics.median(events) / statistics.median(host[5:])
+    check("8 compute_s from events within 10% of synchronised host time", abs(ratio - 1) < 0.10,
+          f"median {statistics.median(events) * 1e3:.2f} ms vs {statistics.median(host[5:]) * 1e3:.2f} ms")  # fmt: skip
+    run = ledger[0]
+    total = torch.cuda.get_device_properties(device).total_memory
+    check("8 run record mem_total is the device's", run.get("mem_total") == total, f"{run.get('mem_total')}")
+    # Each NVML reading against the reserved bytes of the step written just before it.
+    pairs: list[tuple[int, int]] = []
+    reserved = None
+    for r in ledger:
+        if r["kind"] == "step":
+            reserved = r["mem_reserved"]
+        elif r["kind"] == "system" and reserved is not None and r.get("gpus"):
+            pairs.append((r["gpus"][0].get("mem_used") or 0, reserved))
+    check("8 NVML memory used >= allocator reserved", bool(pairs) and all(u >= res for u, res in pairs),
+          f"{len(pairs)} readings, last used {pairs[-1][0] if pairs else None} vs reserved {reserved}")  # fmt: skip
+    gpus = [g for r in ledger if r["kind"] == "system" for g in (r.get("gpus") or [])]
+    mine = [g.get("process_mem_used") for g in gpus]
+    check("8 this process's GPU memory read by NVML", any(isinstance(m, int) and m > 0 for m in mine), str(mine[:3]))
+
+
+def paired_ratio(
+    run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[Any]
+) -> tuple[float, str]:
+    """Median step time with ``Watch`` over without, in interleaved rounds."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for round_ in range(10):
+        for watched in (round_ % 2 == 0, round_ % 2 == 1):
+            watch = tuiwatch.Watch(model, optimizer, run_dir=run_dir, name="gpu-overhead") if watched else None
+            source = watch.batches(batches) if watch is not None else iter(batches)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for xb in source:
+                heavy_step(model, optimizer, xb)
+            torch.cuda.synchronize()
+            times[watched].append((time.perf_counter() - t0) / len(batches))
+            if watch is not None:
+                watch.close()
+    ratio = statistics.median(times[True]) / statistics.median(times[False])
+    return ratio, f"x{ratio:.4f} (median step {statistics.median(times[False]) * 1e3:.2f} ms bare)"
+
+
+def overhead(run_dir: Path, device: torch.device) -> None:
+    model, optimizer, x = heavy_model(device)
+    ratio, detail = paired_ratio(run_dir, model, optimizer, [x] * 20)
+    check("9 overhead, model with >= 10 ms steps (bar: under 1%)", ratio < 1.01, detail)
+    small, small_opt, pairs = model_and_data(device)
+    _, detail = paired_ratio(run_dir, small, small_opt, [xb.to(device) for xb, _ in pairs])
+    check("9 overhead, small MLP (for scale, not judged)", True, detail)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device here: nothing to check (run this on a GPU host)")
@@ -176,7 +264,7 @@ def main() -> int:
     device = torch.device("cuda", 0)
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
     with tempfile.TemporaryDirectory(prefix="tuiwatch-gpu-") as tmp:
-        for fn in (sync_free, stop_mode, cuda_oom, checkpoint_rng):
+        for fn in (sync_free, stop_mode, cuda_oom, checkpoint_rng, event_timing, overhead):
             try:
                 fn(Path(tmp) / fn.__name__, device)
             except Exception as exc:  # one broken check must not hide the others

@@ -1,4 +1,7 @@
-"""What the user sees, as SVG snapshots: three runs at two terminal sizes.
+"""What the user sees, as SVG snapshots: four runs at two terminal sizes.
+
+``gpu.jsonl`` is ``healthy.jsonl`` with the fields a CUDA run writes (device
+total, allocator bytes, NVML readings), made up: there is no GPU here.
 
 Regenerate after an intended change with ``pytest tests/test_viewer_snapshots.py --snapshot-update``
 and look at the SVGs under ``tests/__snapshots__/`` before committing them.
@@ -17,7 +20,7 @@ from tuiwatch.viewer.sources import FileSource
 from .viewer_helpers import FIXED_NOW, until
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
-CASES = {"healthy": "finished", "alerts": "finished", "killed": "disconnected"}
+CASES = {"healthy": "finished", "alerts": "finished", "killed": "disconnected", "gpu": "finished"}
 
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 36)], ids=["80x24", "120x36"])

@@ -4,6 +4,12 @@ On CUDA, :func:`defer` starts a non-blocking copy into pinned host memory and
 records an event; the pipeline thread asks :func:`is_ready` (``event.query()``,
 no sync) and then :func:`resolve` turns the value into a Python number.
 
+Step times on CUDA work the same way: :func:`device_mark` records a timing
+event on the current stream at the start of a step and another at its end;
+the pipeline reads the GPU time between them once the end event has completed
+(:class:`PendingDuration`), so ``compute_s`` is the device's time for the step,
+not the host's time to launch it, and nobody waits for it.
+
 On the CPU there is no device to wait for: the value exists when the op
 returns, and ``.item()`` reads it in ~0.1 µs. Reading it at once is cheaper
 than ``detach()``, frees the autograd graph, and keeps torch calls off the
@@ -28,6 +34,41 @@ class PendingCopy:
         self.host = host
         self.event = event
 
+    def ready(self) -> bool:
+        return bool(self.event.query())
+
+    def value(self) -> Any:
+        self.event.synchronize()  # no-op once query() said ready; blocks only at close
+        return self.host.item()
+
+
+class PendingDuration:
+    """Seconds of device time between two timing events, readable once ``end`` has completed.
+
+    ``host_s`` (the host's time for the same span) stands in when the events
+    cannot be read (a stream captured into a CUDA graph, a device reset).
+    """
+
+    __slots__ = ("end", "host_s", "start")
+
+    def __init__(self, start: Any, end: Any, host_s: float):
+        self.start = start
+        self.end = end
+        self.host_s = host_s
+
+    def ready(self) -> bool:
+        return bool(self.end.query())
+
+    def value(self) -> float:
+        try:
+            self.end.synchronize()
+            return float(self.start.elapsed_time(self.end)) / 1000.0
+        except RuntimeError:
+            return self.host_s
+
+
+_PENDING = (PendingCopy, PendingDuration)
+
 
 def defer(t: torch.Tensor) -> Any:
     """A scalar tensor as a Python number (CPU) or a :class:`PendingCopy` (CUDA)."""
@@ -41,15 +82,21 @@ def defer(t: torch.Tensor) -> Any:
     return PendingCopy(host, event)
 
 
+def device_mark() -> Any:
+    """A CUDA timing event recorded now on the current stream (host side only, no sync)."""
+    event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    event.record()
+    return event
+
+
 def is_ready(value: Any) -> bool:
-    return not isinstance(value, PendingCopy) or bool(value.event.query())
+    return not isinstance(value, _PENDING) or value.ready()
 
 
 def resolve(value: Any) -> Any:
     """A deferred value (or a list of them) as Python numbers; other values unchanged."""
-    if isinstance(value, PendingCopy):
-        value.event.synchronize()  # no-op once query() said ready; blocks only at close
-        value = value.host
+    if isinstance(value, _PENDING):
+        return value.value()
     if isinstance(value, torch.Tensor):
         return value.item()
     if isinstance(value, list):

@@ -30,7 +30,8 @@ class StepState:
     batch: BatchInfo | None = None
     batch_ids: list[int] | None = None
     data_wait_s: float | None = None
-    compute_s: float | None = None
+    compute_s: Any = None  # seconds, or a PendingDuration between two CUDA events
+    device_start: Any = None  # the CUDA event recorded when the step began
     grad_norm: Any = None
     clip_max_norm: float | None = None
     param_norm: Any = None
@@ -52,7 +53,8 @@ class StepState:
         self.metrics: dict[str, Any] = {}
 
     def deferred(self) -> list[Any]:
-        values = [self.grad_norm, self.param_norm, self.update_norm, self.forward_probe, *self.metrics.values()]
+        values = [self.compute_s, self.grad_norm, self.param_norm, self.update_norm, self.forward_probe]
+        values += self.metrics.values()
         if self.batch is not None:
             values += [self.batch.finite_probe, self.batch.tokens]
         if self.lr:
@@ -69,7 +71,8 @@ class StepState:
         grad_norm = resolve(self.grad_norm)
         batch = self.batch
         batch_size = batch.size if batch is not None else None
-        total_s = (self.data_wait_s or 0.0) + (self.compute_s or 0.0)
+        compute_s = resolve(self.compute_s)
+        total_s = (self.data_wait_s or 0.0) + (compute_s or 0.0)
         mem = self.mem
         forward_probe = resolve(self.forward_probe)
         batch_probe = resolve(batch.finite_probe) if batch is not None else None
@@ -89,7 +92,7 @@ class StepState:
             batch_shape=batch.shape if batch is not None else None,
             tokens=resolve(batch.tokens) if batch is not None else None,
             data_wait_s=self.data_wait_s,
-            compute_s=self.compute_s,
+            compute_s=compute_s,
             examples_per_s=batch_size / total_s if batch_size and total_s > 0 else None,
             mem_allocated=mem[0] if mem else None,
             mem_reserved=mem[1] if mem else None,

@@ -38,7 +38,7 @@ from tuiwatch.publisher.checkpoints import (
     write_checkpoint,
 )
 from tuiwatch.publisher.control import CommandQueue, CommandRefused
-from tuiwatch.publisher.deferred import defer, resolve
+from tuiwatch.publisher.deferred import PendingDuration, defer, device_mark, resolve
 from tuiwatch.publisher.dumps import DUMP_REASONS, write_dump
 from tuiwatch.publisher.loader import iter_with_ids
 from tuiwatch.publisher.measure import BatchInfo, finiteness_probe, first_tensor, total_norm
@@ -263,7 +263,7 @@ class Watch:
                 if self._inert or self._closed:
                     yield batch
                     continue
-                s = self._open_step(t1)
+                s = self._open_step(t1, at_boundary=True)
                 s.epoch = epoch
                 s.data_wait_s = t1 - t0
                 s.batch_ids = ids
@@ -290,7 +290,7 @@ class Watch:
             self._at_boundary()
             now = time.perf_counter()
         if not (self._inert or self._closed):
-            self._open_step(now).epoch = max(self._epoch, 0)
+            self._open_step(now, at_boundary=True).epoch = max(self._epoch, 0)
 
     def log(self, **metrics: Any) -> None:
         """Record scalars for this step (or this validation); tensors stay on their device."""
@@ -344,8 +344,10 @@ class Watch:
 
     # --- step bookkeeping ------------------------------------------------------------
 
-    def _open_step(self, start: float) -> StepState:
+    def _open_step(self, start: float, *, at_boundary: bool = False) -> StepState:
         s = StepState(self._step, start)
+        if at_boundary and self._cuda and not s.step % self.every:
+            s.device_start = device_mark()
         self._step += 1
         self._cur = s
         self._last_boundary = start
@@ -362,6 +364,8 @@ class Watch:
         if s.batch is None and not s.metrics and s.grad_norm is None and s.opt_step is None:
             return  # an empty step (a boundary with nothing in it) is not a step
         s.compute_s = now - s.started
+        if s.device_start is not None:
+            s.compute_s = PendingDuration(s.device_start, device_mark(), s.compute_s)
         s.training = self.model.training
         s.t_end = time.time()
         if self._cuda:
@@ -670,6 +674,7 @@ class Watch:
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "device": str(self.device),
+            "mem_total": _device_total_memory(self.device),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "tuiwatch": __version__,
             "run_dir": None if self.run_dir is None else str(self.run_dir),
@@ -766,3 +771,13 @@ def _restore_epoch_rng(saved: dict[str, Any], loader: Any) -> None:
     generator = getattr(loader, "generator", None)
     if saved.get("loader_generator") is not None and isinstance(generator, torch.Generator):
         generator.set_state(saved["loader_generator"])
+
+
+def _device_total_memory(device: torch.device) -> int | None:
+    """The device's memory in bytes, the scale of the pane's memory bars (a property: no sync)."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    except (RuntimeError, AssertionError):
+        return None

@@ -1,0 +1,227 @@
+"""Devices (issue 6): the CUDA event and pinned-copy logic, loader workers, and the memory pane.
+
+This machine has no NVIDIA GPU. The event and copy logic is tested through
+the small interface it needs from ``torch.cuda.Event`` (``query``,
+``synchronize``, ``elapsed_time``), with an event class that completes when
+the test says so; the real CUDA path is checked by ``bench/gpu_check.py`` on a
+GPU host.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import tuiwatch
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.writer import FileLedger
+from tuiwatch.publisher.deferred import PendingCopy, PendingDuration, is_ready, resolve
+from tuiwatch.publisher.pipeline import Pipeline
+from tuiwatch.publisher.steps import StepState
+from tuiwatch.viewer.panes.memory import MemoryPane, _bar, _used_of, device_total
+from tuiwatch.viewer.sources import FileSource
+
+from .helpers import ledger_file
+from .viewer_helpers import FIXED_NOW, RecordingApp, plain, until
+
+GiB = 1 << 30
+
+
+class StreamEvent:
+    """A stand-in for ``torch.cuda.Event``: completes when the test (or a synchronize) says so."""
+
+    def __init__(self, at_ms: float, done: bool = False):
+        self.at_ms = at_ms
+        self.done = done
+        self.synchronized = 0
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+        self.done = True
+
+    def elapsed_time(self, end: StreamEvent) -> float:
+        if not (self.done and end.done):
+            raise RuntimeError("Both events must be completed before calculating elapsed time.")
+        return end.at_ms - self.at_ms
+
+
+def test_a_step_waits_for_its_end_event_and_takes_the_device_time_from_it():
+    s = StepState(step=3, started=0.0)
+    s.data_wait_s = 0.010
+    start, end = StreamEvent(1000.0, done=True), StreamEvent(1040.0)
+    s.compute_s = PendingDuration(start, end, host_s=0.002)  # the host only launched the kernels
+    assert not s.ready()
+    end.done = True
+    assert s.ready()
+    record = s.build()
+    assert record["compute_s"] == pytest.approx(0.040)
+    assert end.synchronized == 1  # a no-op on a completed CUDA event
+    s.batch = None
+    assert record["data_wait_s"] == 0.010
+
+
+def test_unreadable_events_fall_back_to_the_host_time():
+    start, end = StreamEvent(0.0, done=True), StreamEvent(5.0, done=True)
+    start.done = False  # e.g. a stream captured into a CUDA graph: elapsed_time raises
+    start.synchronize = lambda: None  # type: ignore[method-assign]
+    pending = PendingDuration(start, end, host_s=0.003)
+    assert is_ready(pending)
+    assert resolve(pending) == 0.003
+
+
+def test_a_pinned_copy_is_read_only_after_its_event_completes():
+    event = StreamEvent(0.0)
+    value = PendingCopy(torch.tensor(2.5), event)
+    assert not is_ready(value)
+    assert not is_ready([value][0])
+    event.done = True
+    assert is_ready(value)
+    assert resolve([value, 1.0, None]) == [2.5, 1.0, None]
+
+
+def test_at_close_a_pending_step_is_waited_for_and_written(tmp_path: Path):
+    pipeline = Pipeline(FileLedger(tmp_path / "ledger.jsonl"), system_interval_s=None)
+    s = StepState(step=0, started=0.0)
+    end = StreamEvent(25.0)
+    s.compute_s = PendingDuration(StreamEvent(0.0, done=True), end, host_s=0.001)
+    s.metrics["loss"] = PendingCopy(torch.tensor(0.75), end)
+    pipeline.put(s)
+    pipeline.start()
+    assert pipeline.close({"kind": "end", "t": 1.0, "reason": "finished"})
+    steps = [r for r in read_ledger(tmp_path / "ledger.jsonl") if r["kind"] == "step"]
+    assert [(r["compute_s"], r["loss"]) for r in steps] == [(pytest.approx(0.025), 0.75)]
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device: bench/gpu_check.py runs this on a GPU host"
+)
+def test_on_cuda_compute_time_comes_from_events(run_root: Path, socket_dir: Path):
+    model = nn.Linear(8, 2).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = tuiwatch.Watch(model, optimizer, run_dir=run_root)
+    for x in watch.batches([torch.randn(4, 8, device="cuda") for _ in range(5)]):
+        model(x).sum().backward()
+        optimizer.step()
+    watch.close()
+    run, *rest = list(read_ledger(ledger_file(run_root)))
+    assert run["mem_total"] == torch.cuda.get_device_properties(0).total_memory
+    assert all(r["compute_s"] > 0 and r["mem_allocated"] > 0 for r in rest if r["kind"] == "step")
+
+
+class SlowItems(Dataset[torch.Tensor]):
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(0.002)
+        return torch.full((4,), float(index))
+
+
+def test_loader_workers_are_counted_while_iterating(run_root: Path, socket_dir: Path):
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    watch = tuiwatch.Watch(model, optimizer, run_dir=run_root, system=0.05)
+    loader = DataLoader(SlowItems(), batch_size=4, num_workers=2)
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    for x in watch.batches(loader):
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        seen = [r for r in read_ledger(ledger_file(run_root)) if r["kind"] == "system" and r["workers"] == 2]
+        if seen or time.monotonic() > deadline:
+            break
+    watch.close()
+    assert seen, "no system record counted the two workers within 30 s"
+    assert len(seen[0]["workers_cpu_percent"]) == 2
+    assert all(v >= 0 for v in seen[0]["workers_cpu_percent"])
+
+
+# --- the pane ------------------------------------------------------------------------------
+
+
+def test_the_device_total_comes_from_the_run_record_else_from_nvml():
+    gpus = [{"index": 2, "mem_total": 80 * GiB}, {"index": 5, "mem_total": 40 * GiB}]
+    assert device_total({"mem_total": 141 * GiB, "device": "cuda:1"}, gpus) == 141 * GiB
+    assert device_total({"device": "cuda:1"}, gpus) == 40 * GiB  # the second visible GPU, whatever its index
+    assert device_total({"device": "cuda"}, gpus) == 80 * GiB
+    assert device_total({"device": "cpu"}, gpus) is None
+    assert device_total({"device": "cuda:7"}, gpus) is None
+    assert device_total({"device": "cuda:0", "mem_total": "huge"}, None) is None
+
+
+def test_narrow_bars_keep_their_cells_and_drop_the_byte_count():
+    wide, narrow = _bar("peak", 76 * GiB, 80 * GiB, 60).plain, _bar("peak", 76 * GiB, 80 * GiB, 28).plain
+    assert wide.endswith("░  95%  76.0 GiB")
+    assert len(wide) == 60
+    assert narrow.endswith("░  95%")
+    assert len(narrow) == 28
+    assert _used_of(1536 << 20, 2 * GiB) == "1.5/2.0 GiB"
+    assert _used_of(None, 2 * GiB) == "-/2.0 GiB"
+
+
+def _gpu_ledger(path: Path) -> Path:
+    """A CUDA run's ledger as this machine cannot make one (no NVIDIA GPU here)."""
+    records: list[dict[str, Any]] = [
+        {"kind": "run", "t": 1.0, "name": "gpu-run", "host": "h", "device": "cuda:0", "mem_total": 80 * GiB},
+    ]
+    for i in range(30):
+        records.append({"kind": "step", "t": 2.0 + i, "step": i, "loss": 1.0, "lr": [0.1],
+                        "mem_allocated": (10 + i) * GiB, "mem_reserved": 70 * GiB, "mem_peak": 76 * GiB})  # fmt: skip
+    records.append({"kind": "system", "t": 40.0, "cpu_percent": 101.0, "rss": 3 * GiB, "workers": 4,
+                    "workers_cpu_percent": [30.0, 25.0, 20.0, 15.0],
+                    "gpus": [{"index": 0, "util": 97, "mem_used": 72 * GiB, "mem_total": 80 * GiB, "temp": 65,
+                              "power": 301.4, "process_mem_used": 71 * GiB}]})  # fmt: skip
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+async def test_the_pane_draws_memory_bars_against_the_device_total_and_the_gpu_readings(tmp_path: Path):
+    app = RecordingApp(FileSource(_gpu_ledger(tmp_path / "ledger.jsonl")), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: app.state.step == 29 and bool(app.state.last_system))
+        await pilot.pause(0.1)
+        lines = plain(app.query_one(MemoryPane)).splitlines()
+    bars = {line.split()[0]: line for line in lines[:3]}
+    assert set(bars) == {"allocated", "reserved", "peak"}
+    assert bars["allocated"].rstrip().endswith("49%  39.0 GiB")  # 39 of 80 GiB
+    assert bars["reserved"].rstrip().endswith("88%  70.0 GiB")
+    assert bars["peak"].rstrip().endswith("95%  76.0 GiB")
+    filled = [line.count("█") for line in lines[:3]]
+    assert filled[0] < filled[1] < filled[2]
+    assert lines[3] == "of 80.0 GiB on cuda:0"
+    assert lines[4] == "gpu0 97%  mem 72.0/80.0 GiB (run 71.0 GiB)  65°C  301W"
+    assert lines[5] == "cpu 101%  rss 3.0 GiB  workers 4 (90% cpu)"
+    assert lines[6] == "allocated over steps"
+    assert len(lines) > 7  # the chart
+
+
+async def test_without_nvml_the_pane_says_why_and_shows_the_cpu_side(tmp_path: Path):
+    records = [
+        {"kind": "run", "t": 1.0, "name": "cpu-run", "host": "h", "device": "cpu"},
+        {"kind": "step", "t": 2.0, "step": 0, "loss": 1.0, "mem_allocated": None},
+        {"kind": "system", "t": 3.0, "cpu_percent": 99.0, "rss": 512 << 20, "workers": 0, "workers_cpu_percent": [],
+         "gpus": None, "gpu_error": "NVML unavailable (NVML Shared Library Not Found)"},
+    ]  # fmt: skip
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: bool(app.state.last_system))
+        await pilot.pause(0.1)
+        lines = plain(app.query_one(MemoryPane)).splitlines()
+    assert lines[:3] == [
+        "no GPU: NVML unavailable (NVML Shared Library Not Found)",
+        "cpu 99%  rss 512.0 MiB  workers 0",
+        "rss over steps",
+    ]
