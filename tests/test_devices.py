@@ -9,6 +9,7 @@ GPU host.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 import tuiwatch
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.writer import FileLedger
+from tuiwatch.publisher import nvml
 from tuiwatch.publisher.deferred import PendingCopy, PendingDuration, is_ready, resolve
 from tuiwatch.publisher.pipeline import Pipeline
 from tuiwatch.publisher.steps import StepState
@@ -118,6 +120,67 @@ def test_on_cuda_compute_time_comes_from_events(run_root: Path, socket_dir: Path
     assert all(r["compute_s"] > 0 and r["mem_allocated"] > 0 for r in rest if r["kind"] == "step")
 
 
+class StandInNvml:
+    """The few ``pynvml`` calls tuiwatch makes, over four made-up GPUs (there is no driver here)."""
+
+    class Reading:
+        def __init__(self, **fields: Any):
+            self.__dict__.update(fields)
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 4
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        return {"GPU-aaaa": 2}[uuid]
+
+    def nvmlDeviceGetIndex(self, handle: int) -> int:
+        return handle
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Reading:
+        return self.Reading(gpu=10 * handle)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Reading:
+        return self.Reading(used=handle * GiB, total=80 * GiB)
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        if handle == 3:
+            raise RuntimeError("NVMLError_NotSupported")  # a field the driver does not give is null
+        return 300_000
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        return 60
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Reading]:
+        mine = [self.Reading(pid=self.pid, usedGpuMemory=GiB)] if handle == 3 else []
+        return [self.Reading(pid=1, usedGpuMemory=5 * GiB), *mine]
+
+
+def test_nvml_readings_follow_cuda_visible_devices_with_the_runs_gpu_first(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(nvml, "_state", {"tried": True, "error": None, "pynvml": StandInNvml(os.getpid())})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3,GPU-aaaa")
+    gpus, error = nvml.sample_gpus(first=1)
+    assert error is None
+    assert gpus is not None
+    assert [(g["device"], g["index"]) for g in gpus] == [("cuda:1", 3), ("cuda:0", 1), ("cuda:2", 2)]
+    run_gpu = gpus[0]
+    assert run_gpu == {"index": 3, "device": "cuda:1", "util": 30, "mem_used": 3 * GiB, "mem_total": 80 * GiB,
+                       "temp": 60, "power": None, "process_mem_used": GiB}  # fmt: skip
+    assert gpus[1]["power"] == 300.0
+    assert gpus[1]["process_mem_used"] is None  # only another process on that GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,7,2")  # CUDA stops at the first invalid entry
+    gpus, _ = nvml.sample_gpus()
+    assert [g["index"] for g in gpus or []] == [0]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    gpus, _ = nvml.sample_gpus(first=9)
+    assert [g["device"] for g in gpus or []] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+
+
 class SlowItems(Dataset[torch.Tensor]):
     def __len__(self) -> int:
         return 100_000
@@ -151,9 +214,12 @@ def test_loader_workers_are_counted_while_iterating(run_root: Path, socket_dir: 
 
 
 def test_the_device_total_comes_from_the_run_record_else_from_nvml():
-    gpus = [{"index": 2, "mem_total": 80 * GiB}, {"index": 5, "mem_total": 40 * GiB}]
+    gpus = [
+        {"index": 5, "device": "cuda:1", "mem_total": 40 * GiB},
+        {"index": 2, "device": "cuda:0", "mem_total": 80 * GiB},
+    ]
     assert device_total({"mem_total": 141 * GiB, "device": "cuda:1"}, gpus) == 141 * GiB
-    assert device_total({"device": "cuda:1"}, gpus) == 40 * GiB  # the second visible GPU, whatever its index
+    assert device_total({"device": "cuda:1"}, gpus) == 40 * GiB  # by CUDA's name, whatever NVML's index
     assert device_total({"device": "cuda"}, gpus) == 80 * GiB
     assert device_total({"device": "cpu"}, gpus) is None
     assert device_total({"device": "cuda:7"}, gpus) is None
@@ -180,8 +246,9 @@ def _gpu_ledger(path: Path) -> Path:
                         "mem_allocated": (10 + i) * GiB, "mem_reserved": 70 * GiB, "mem_peak": 76 * GiB})  # fmt: skip
     records.append({"kind": "system", "t": 40.0, "cpu_percent": 101.0, "rss": 3 * GiB, "workers": 4,
                     "workers_cpu_percent": [30.0, 25.0, 20.0, 15.0],
-                    "gpus": [{"index": 0, "util": 97, "mem_used": 72 * GiB, "mem_total": 80 * GiB, "temp": 65,
-                              "power": 301.4, "process_mem_used": 71 * GiB}]})  # fmt: skip
+                    "gpus": [{"index": 0, "device": "cuda:0", "util": 97, "mem_used": 72 * GiB,
+                              "mem_total": 80 * GiB, "temp": 65, "power": 301.4,
+                              "process_mem_used": 71 * GiB}]})  # fmt: skip
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     return path
 

@@ -38,15 +38,24 @@ def _shutdown() -> None:
         _state["pynvml"] = None
 
 
-def _visible_indices(count: int) -> list[int]:
+def _visible(lib: Any, count: int) -> list[tuple[int, Any]]:
+    """``(NVML index, handle)`` of each GPU this process can see, in CUDA's order (cuda:0 first)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return list(range(count))
+    parts = [str(i) for i in range(count)] if visible is None else [p.strip() for p in visible.split(",")]
     out = []
-    for part in visible.split(","):
-        part = part.strip()
-        if part.isdigit() and int(part) < count:
-            out.append(int(part))
+    for part in parts:
+        index: int | None
+        if part.isdigit():
+            index = int(part)
+            handle = _field(lib.nvmlDeviceGetHandleByIndex, index) if index < count else None
+        elif part.startswith(("GPU-", "MIG-")):
+            handle = _field(lib.nvmlDeviceGetHandleByUUID, part)
+            index = _field(lib.nvmlDeviceGetIndex, handle) if handle is not None else None
+        else:
+            break  # CUDA stops at the first entry it cannot parse
+        if handle is None or index is None:
+            break
+        out.append((index, handle))
     return out
 
 
@@ -57,18 +66,22 @@ def _field(fn: Any, *args: Any) -> Any:
         return None
 
 
-def sample_gpus() -> tuple[list[dict[str, Any]] | None, str | None]:
-    """One reading per visible GPU, or ``(None, reason)`` when NVML cannot be used."""
+def sample_gpus(first: int | None = None) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """One reading per visible GPU, or ``(None, reason)`` when NVML cannot be used.
+
+    ``first``: the CUDA index of the run's device, whose reading comes first
+    (on an 8-GPU server the pane has room for a line or two).
+    """
     lib = _init()
     if lib is None:
         return None, _state["error"]
     count = _field(lib.nvmlDeviceGetCount) or 0
     pid = os.getpid()
+    visible = list(enumerate(_visible(lib, count)))
+    if first is not None and 0 <= first < len(visible):
+        visible.insert(0, visible.pop(first))
     gpus = []
-    for index in _visible_indices(count):
-        handle = _field(lib.nvmlDeviceGetHandleByIndex, index)
-        if handle is None:
-            continue
+    for cuda_index, (index, handle) in visible:
         util = _field(lib.nvmlDeviceGetUtilizationRates, handle)
         mem = _field(lib.nvmlDeviceGetMemoryInfo, handle)
         power_mw = _field(lib.nvmlDeviceGetPowerUsage, handle)
@@ -77,6 +90,7 @@ def sample_gpus() -> tuple[list[dict[str, Any]] | None, str | None]:
         gpus.append(
             {
                 "index": index,
+                "device": f"cuda:{cuda_index}",
                 "util": None if util is None else util.gpu,
                 "mem_used": None if mem is None else mem.used,
                 "mem_total": None if mem is None else mem.total,

@@ -56,6 +56,7 @@ class Pipeline:
         capacity: int = 10_000,
         period_s: float = 0.02,
         system_interval_s: float | None = 1.0,
+        cuda_device: int | None = None,
         diagnosis: Diagnosis | None = None,
         on_alert: Callable[[Record, list[Record]], str | None] | None = None,
     ):
@@ -82,7 +83,7 @@ class Pipeline:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._sampler = SystemSampler(system_interval_s) if system_interval_s else None
+        self._sampler = SystemSampler(system_interval_s, cuda_device) if system_interval_s else None
         self._last_counters: tuple[Any, ...] = ()
         self._next_counters = 0.0
         self._thread = threading.Thread(target=self._run, name="tuiwatch-publisher", daemon=True)

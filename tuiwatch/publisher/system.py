@@ -11,8 +11,9 @@ from tuiwatch.publisher import nvml
 
 
 class SystemSampler:
-    def __init__(self, interval_s: float = 1.0):
+    def __init__(self, interval_s: float = 1.0, cuda_device: int | None = None):
         self.interval_s = interval_s
+        self.cuda_device = cuda_device  # the run's GPU, read first
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)  # the first reading only starts the interval
         self._children: dict[int, psutil.Process] = {}
@@ -28,7 +29,7 @@ class SystemSampler:
             record["cpu_percent"] = self._proc.cpu_percent(None)
             record["rss"] = self._proc.memory_info().rss
         record["workers"], record["workers_cpu_percent"] = self._workers()
-        gpus, error = nvml.sample_gpus()
+        gpus, error = nvml.sample_gpus(first=self.cuda_device)
         record["gpus"] = gpus
         if error is not None:
             record["gpu_error"] = error

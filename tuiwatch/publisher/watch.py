@@ -199,7 +199,12 @@ class Watch:
         self.ledger_path = store.path if isinstance(store, FileLedger) else None
         interval = (1.0 if system else None) if isinstance(system, bool) else float(system)
         self._pipeline = Pipeline(
-            store, capacity=queue_size, system_interval_s=interval, diagnosis=diagnosis, on_alert=self._on_alert
+            store,
+            capacity=queue_size,
+            system_interval_s=interval,
+            cuda_device=self.device.index if self._cuda else None,
+            diagnosis=diagnosis,
+            on_alert=self._on_alert,
         )
 
         self.socket_path: Path | None = None

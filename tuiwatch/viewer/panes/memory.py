@@ -53,10 +53,8 @@ def device_total(run: dict[str, Any], gpus: list[dict[str, Any]] | None) -> floa
     device = run.get("device")
     if not gpus or not isinstance(device, str) or not device.startswith("cuda"):
         return None
-    # NVML lists the visible GPUs in CUDA's order, so cuda:N is the N-th reading.
-    _, _, index = device.partition(":")
-    position = int(index) if index.isdigit() else 0
-    reading = gpus[position].get("mem_total") if position < len(gpus) else None
+    device = device if ":" in device else "cuda:0"
+    reading = next((g.get("mem_total") for g in gpus if g.get("device") == device), None)
     return float(reading) if _is_number(reading) and reading > 0 else None
 
 
