@@ -14,6 +14,7 @@ from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.socketdir import list_sockets
 from tuiwatch.ledger.wire import connect, iter_records
 from tuiwatch.ledger.writer import FileLedger
+from tuiwatch.report import as_text, summarize
 
 from .helpers import count_steps, finish, ledger_file, records, start_training, wait_for_ledger, wait_until
 
@@ -122,3 +123,28 @@ def test_a_full_disk_leaves_the_ledger_on_a_record_boundary_and_the_run_goes_on(
     assert steps_on_disk == list(range(len(steps_on_disk)))
     assert len(steps_on_disk) < 300
     assert seen[-1]["status"] == "degraded"
+
+
+def test_when_space_returns_the_ledger_records_the_gap_and_goes_on(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "400", "--step-sleep", "0.002",
+                          "--max-file-bytes", "20000", "--disk-back-at-step", "200")  # fmt: skip
+    _, err = finish(proc)
+    assert err.count("tuiwatch: publisher degraded") == 1
+    reader = read_ledger(ledger_file(run_root))
+    on_disk = list(reader)
+    assert reader.skipped == 0
+    gaps = [r for r in on_disk if r["kind"] == "gap"]
+    assert len(gaps) == 1
+    gap = gaps[0]
+    first, last = gap["steps"]
+    steps_on_disk = [r["step"] for r in on_disk if r["kind"] == "step"]
+    # Everything before the disk filled, the gap, then everything after it: no step twice, none unaccounted for.
+    assert steps_on_disk == list(range(first)) + list(range(last + 1, 400))
+    assert 0 < first <= last < 400
+    assert gap["records"] >= last - first + 1
+    assert gap["error"] == "OSError: [Errno 27] File too large"
+    assert gap["from_t"] <= gap["to_t"] <= gap["t"]
+    assert on_disk[-1]["kind"] == "end"
+    assert on_disk[-1]["reason"] == "finished"
+    report = as_text(summarize(on_disk))
+    assert f"missing    {gap['records']} records the disk could not take (see the gap records)" in report

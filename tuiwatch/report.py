@@ -30,6 +30,7 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
     alerts: dict[str, dict[str, Any]] = {}
     evals = 0
     nonfinite_steps = 0
+    missing = 0  # records the file did not get (a full disk), from gap records
     for r in records:
         kind = r.get("kind")
         t = r.get("t")
@@ -64,6 +65,9 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
             entry = alerts.setdefault(rule, {"count": 0, "first_step": _alert_key(r)[1],
                                              "severity": str(r.get("severity"))})  # fmt: skip
             entry["count"] += 1
+        elif kind == "gap":
+            lost = r.get("records")
+            missing += lost if type(lost) is int and lost > 0 else 0
         elif kind == "end":
             end = r
     total = wait + compute
@@ -83,6 +87,7 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
         "alerts": alerts,
         "end": None if end is None else end.get("reason"),
         "skipped_lines": skipped,
+        "missing_records": missing,
     }
 
 
@@ -119,6 +124,8 @@ def as_text(summary: dict[str, Any]) -> str:
                          f"  first at step {a['first_step']}")  # fmt: skip
     else:
         lines.append("alerts     none")
+    if summary["missing_records"]:
+        lines.append(f"missing    {summary['missing_records']} records the disk could not take (see the gap records)")
     if summary["skipped_lines"]:
         lines.append(f"skipped    {summary['skipped_lines']} unreadable lines (a torn last line after a crash)")
     return "\n".join(lines)

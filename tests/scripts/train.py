@@ -52,13 +52,14 @@ def main() -> None:
     p.add_argument("--stop-mode", default="flag", choices=("flag", "raise"))
     p.add_argument("--width", type=int, default=32, help="hidden width (a larger state dict)")
     p.add_argument("--max-file-bytes", type=int, default=None, help="RLIMIT_FSIZE: a disk that fills up")
+    p.add_argument("--disk-back-at-step", type=int, default=None, help="lift that limit: space comes back")
     args = p.parse_args()
     if args.max_file_bytes:
         import resource
         import signal
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
-        resource.setrlimit(resource.RLIMIT_FSIZE, (args.max_file_bytes, args.max_file_bytes))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (args.max_file_bytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
 
     torch.set_num_threads(1)  # bit-identical losses between a run and its resumed copy
     torch.manual_seed(0)
@@ -107,6 +108,11 @@ def train(args: argparse.Namespace, watch: tuiwatch.Watch, model: nn.Module, opt
                 truth.write(json.dumps(row) + "\n")
             sched.step()
             step += 1
+            if step == args.disk_back_at_step:
+                import resource
+
+                hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+                resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
             if args.step_sleep:
                 time.sleep(args.step_sleep)  # paces the run so a test can act mid-run
             if step >= args.steps or watch.should_stop:

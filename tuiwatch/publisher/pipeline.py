@@ -26,7 +26,8 @@ from typing import Any, Protocol
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.records import Record
 from tuiwatch.ledger.wire import Command
-from tuiwatch.ledger.writer import LedgerStore, MemoryTail
+from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
+from tuiwatch.publisher.disk_gap import DiskGap
 from tuiwatch.publisher.server import Server
 from tuiwatch.publisher.system import SystemSampler
 from tuiwatch.rules import Diagnosis
@@ -61,6 +62,7 @@ class Pipeline:
         on_alert: Callable[[Record, list[Record]], str | None] | None = None,
     ):
         self.store = store
+        self.disk_gap: DiskGap | None = None  # the ledger file, after it refused a write
         self.capacity = capacity
         self.period_s = period_s
         self.server: Server | None = None
@@ -146,8 +148,10 @@ class Pipeline:
         self._guard(self._write_end)
         if self.server is not None:
             self._guard(self.server.close)
-        self._guard(self.store.flush)
+        self._guard(self._flush)
         self.store.close()
+        if self.disk_gap is not None:
+            self.disk_gap.close()
         with self._lock:
             for done in self._syncs:
                 done.set()  # everything that will ever be written is
@@ -167,7 +171,7 @@ class Pipeline:
             syncs, self._syncs = self._syncs, []
         self._drain(final=bool(syncs))
         if syncs:
-            self.store.flush()
+            self._flush()
             for done in syncs:
                 done.set()
         now = time.monotonic()
@@ -236,7 +240,7 @@ class Pipeline:
         if path is not None:
             found["evidence"]["dump"] = path
 
-    def _append(self, records: list[Record]) -> None:
+    def _append(self, records: list[Record], *, last: bool = False) -> None:
         if not records:
             return
         data = b"".join(encode(r) for r in records)
@@ -246,6 +250,16 @@ class Pipeline:
             self._degrade(exc)
             if isinstance(self.store, MemoryTail):
                 self.store.append(data)  # the records that did not fit reach the viewers all the same
+            if self.disk_gap is not None:
+                self.disk_gap.lost_records(records)
+            return
+        if self.disk_gap is not None:
+            self.disk_gap.append(records, data, now=time.monotonic(), retry_now=last)
+
+    def _flush(self) -> None:
+        self.store.flush()
+        if self.disk_gap is not None:
+            self.disk_gap.flush()
 
     def _counters(self) -> tuple[Any, ...]:
         server = self.server.counters if self.server is not None else None
@@ -281,7 +295,7 @@ class Pipeline:
         if self._end is not None:
             counters = self.counters_record()
             del counters["kind"], counters["t"]
-            self._append([{**self._end, **counters}])
+            self._append([{**self._end, **counters}], last=True)
 
     def _guard(self, fn: Callable[[], Any]) -> None:
         try:
@@ -295,10 +309,12 @@ class Pipeline:
         self.error = f"{type(exc).__name__}: {exc}"[:500]
         if first:
             print(f"tuiwatch: publisher degraded ({self.error}); training continues", file=sys.stderr)
-        if isinstance(exc, OSError) and not isinstance(self.store, MemoryTail) and _is_store_error(exc):
+        if isinstance(exc, OSError) and isinstance(self.store, FileLedger) and _is_store_error(exc):
             # The ledger file cannot take writes (disk full, I/O error): keep
-            # serving viewers from memory rather than lose the live stream.
+            # serving viewers from memory rather than lose the live stream,
+            # and write the file again, after a gap record, once it can.
             self.store.close()
+            self.disk_gap = DiskGap(self.store.path, self.error)
             self.store = MemoryTail(start=self.store.end)
             if self.server is not None:
                 self.server.store = self.store
