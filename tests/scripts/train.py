@@ -52,6 +52,7 @@ def main() -> None:
     p.add_argument("--stop-mode", default="flag", choices=("flag", "raise"))
     p.add_argument("--width", type=int, default=32, help="hidden width (a larger state dict)")
     p.add_argument("--max-file-bytes", type=int, default=None, help="RLIMIT_FSIZE: a disk that fills up")
+    p.add_argument("--tcp", default=None, help="'on' (loopback, any port) or HOST:PORT: Watch(tcp=...)")
     p.add_argument("--disk-back-at-step", type=int, default=None, help="lift that limit: space comes back")
     args = p.parse_args()
     if args.max_file_bytes:
@@ -75,7 +76,7 @@ def main() -> None:
     )
     watch = tuiwatch.Watch(
         model, opt, name=args.name, scheduler=sched, run_dir=args.run_dir, viewer_stall_s=args.stall_s,
-        stop=args.stop_mode,
+        stop=args.stop_mode, tcp=True if args.tcp == "on" else args.tcp or False,
     )  # fmt: skip
     step = watch.restore(args.resume).step if args.resume else 0
     truth = open(args.truth, "w") if args.truth else None

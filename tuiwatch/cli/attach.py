@@ -12,10 +12,17 @@ def add_parser(sub: Any) -> None:
         "attach",
         help="watch a live run in the terminal",
         description="Open the viewer on a live run. TARGET: a run name, a pid, or a socket path on this host; "
-        "[user@]host:[name] for a run on another host, reached through your ssh; without TARGET, the one live "
-        "run here, or a picker when there are several.",
+        "[user@]host:[name] for a run on another host, reached through your ssh; tcp://HOST:PORT with "
+        "--token-file (or the token file alone) for a run started with Watch(tcp=...); without TARGET, the one "
+        "live run here, or a picker when there are several.",
     )
-    p.add_argument("target", nargs="?", help="run name, pid, socket path, or [user@]host:[name]")
+    p.add_argument("target", nargs="?", help="run name, pid, socket path, [user@]host:[name], or tcp://HOST:PORT")
+    p.add_argument(
+        "--token-file",
+        default=None,
+        metavar="FILE",
+        help="the run's <name>.<pid>.tcp from its socket directory (mode 0600), for the TCP mode",
+    )
     add_remote_options(p)
     p.set_defaults(run=run)
 
@@ -37,9 +44,18 @@ def add_remote_options(p: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tuiwatch.errors import TuiwatchError
+    from tuiwatch.ledger.tcp import check_tcp_target, tcp_target
     from tuiwatch.remote import choose_remote_run, parse_remote
     from tuiwatch.runs import LiveRun, find_socket_by_name, resolve_target
 
+    over_tcp = tcp_target(args.target, args.token_file)
+    if over_tcp is not None:
+        from tuiwatch.viewer.app import TuiwatchApp
+        from tuiwatch.viewer.sources import TcpSource
+
+        check_tcp_target(over_tcp)
+        TuiwatchApp(TcpSource(over_tcp)).run()
+        return 0
     remote = parse_remote(args.target, args.ssh, args.remote_tuiwatch)
     if remote is not None:
         from tuiwatch.viewer.app import TuiwatchApp

@@ -12,6 +12,7 @@ from pathlib import Path
 from tuiwatch.errors import UnsafeSocketDirError
 
 SOCKET_SUFFIX = ".sock"
+TCP_FILE_SUFFIX = ".tcp"  # the token file of a run that also listens on TCP
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -129,4 +130,10 @@ def remove_stale_sockets(directory: Path) -> list[SocketEntry]:
                 os.unlink(entry.path)
         else:
             live.append(entry)
+    # TCP token files (see tuiwatch.ledger.tcp) of runs that died without closing.
+    for path in directory.glob(f"*.*{TCP_FILE_SUFFIX}"):
+        pid = path.name[: -len(TCP_FILE_SUFFIX)].rpartition(".")[2]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
     return live

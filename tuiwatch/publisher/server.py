@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import selectors
 import socket
 import time
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tuiwatch.ledger import tcp
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.records import Record
 from tuiwatch.ledger.wire import Command, LineSplitter, ProtocolError, action_record, parse_command, peer_uid
@@ -42,6 +44,30 @@ class _Viewer:
     outbuf: bytearray = field(default_factory=bytearray)
     replies: list[bytes] = field(default_factory=list)
     caught_up: bool = False
+
+
+@dataclass
+class _Unauthenticated:
+    """A TCP connection that has not yet sent its token line: it is sent nothing."""
+
+    sock: socket.socket
+    deadline: float
+    received: bytearray = field(default_factory=bytearray)
+
+
+def bind_tcp(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP listener at ``host:port`` (port 0: any free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(64)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def bind_private_socket(path: Path) -> socket.socket:
@@ -91,12 +117,42 @@ class Server:
         self._viewers: dict[int, _Viewer] = {}
         self.selector = selector
         self.selector.register(self._listener, selectors.EVENT_READ, self._accept)
+        self._tcp_listener: socket.socket | None = None
+        self._tcp_token = ""
+        self.tcp_file: Path | None = None
+        self._unauthenticated: dict[int, _Unauthenticated] = {}
+
+    def listen_tcp(self, host: str, port: int) -> str:
+        """Also serve viewers over TCP, each after it sends the token (see :mod:`tuiwatch.ledger.tcp`).
+
+        Writes the token file beside the socket and returns the bound address; raises OSError.
+        """
+        listener = bind_tcp(host, port)
+        bound_host, bound_port = listener.getsockname()[:2]
+        address = tcp.format_address(bound_host, bound_port)
+        token = secrets.token_hex(32)
+        token_file = self.path.with_suffix(tcp.TCP_FILE_SUFFIX)
+        try:
+            tcp.write_token_file(token_file, address, token)
+        except OSError:
+            listener.close()
+            raise
+        self._tcp_listener, self._tcp_token, self.tcp_file = listener, token, token_file
+        self.selector.register(listener, selectors.EVENT_READ, self._accept_tcp)
+        return address
 
     # --- events -----------------------------------------------------------------
 
     def handle(self, key: selectors.SelectorKey, mask: int) -> None:
         if key.data == self._accept:
             self._accept()
+            return
+        if key.data == self._accept_tcp:
+            self._accept_tcp()
+            return
+        pending = self._unauthenticated.get(key.fd)
+        if pending is not None:
+            self._authenticate(pending)
             return
         viewer = self._viewers.get(key.fd)
         if viewer is None:
@@ -125,13 +181,71 @@ class Server:
                 self.counters.refused_peers += 1
                 continue
             sock.setblocking(False)
-            viewer = _Viewer(sock=sock, cursor=self.store.start, last_progress=time.monotonic())
-            if self.store.start > 0:  # an in-memory tail lost its head: the run record goes first
-                viewer.outbuf += self.run_line
-            self._viewers[sock.fileno()] = viewer
-            self.selector.register(sock, selectors.EVENT_READ)
-            self.counters.viewers = len(self._viewers)
+            self._add_viewer(sock, b"")
+
+    def _add_viewer(self, sock: socket.socket, first_bytes: bytes) -> None:
+        viewer = _Viewer(sock=sock, cursor=self.store.start, last_progress=time.monotonic())
+        if self.store.start > 0:  # an in-memory tail lost its head: the run record goes first
+            viewer.outbuf += self.run_line
+        self._viewers[sock.fileno()] = viewer
+        self.selector.register(sock, selectors.EVENT_READ)
+        self.counters.viewers = len(self._viewers)
+        if first_bytes:
+            self._received(viewer, first_bytes)
+        else:
             self._send(viewer)
+
+    # --- TCP: a token before anything else ------------------------------------------
+
+    def _accept_tcp(self) -> None:
+        assert self._tcp_listener is not None
+        while True:
+            try:
+                sock, _ = self._tcp_listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.counters.refused_peers += 1
+                return
+            if len(self._unauthenticated) >= tcp.MAX_PENDING_AUTH or len(self._viewers) >= MAX_VIEWERS:
+                sock.close()
+                self.counters.refused_peers += 1
+                continue
+            sock.setblocking(False)
+            self._unauthenticated[sock.fileno()] = _Unauthenticated(sock, time.monotonic() + tcp.AUTH_TIMEOUT_S)
+            self.selector.register(sock, selectors.EVENT_READ)
+
+    def _authenticate(self, pending: _Unauthenticated) -> None:
+        try:
+            data = pending.sock.recv(tcp.MAX_AUTH_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        pending.received += data
+        received = bytes(pending.received)
+        line, newline, rest = received.partition(b"\n")
+        if not data or not tcp.could_be_token_line(received):
+            self._refuse(pending)
+        elif newline:
+            if tcp.token_matches(line, self._tcp_token):
+                self._forget(pending)
+                self._add_viewer(pending.sock, rest)
+            else:
+                self._refuse(pending)
+        elif len(pending.received) >= tcp.MAX_AUTH_BYTES:
+            self._refuse(pending)
+
+    def _forget(self, pending: _Unauthenticated) -> None:
+        self._unauthenticated.pop(pending.sock.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(pending.sock)
+
+    def _refuse(self, pending: _Unauthenticated) -> None:
+        """Close unanswered: not one byte goes to a peer without the token."""
+        self._forget(pending)
+        pending.sock.close()
+        self.counters.refused_peers += 1
 
     def _read(self, viewer: _Viewer) -> None:
         try:
@@ -143,6 +257,9 @@ class Server:
         if not data:
             self._drop(viewer, counted=False)
             return
+        self._received(viewer, data)
+
+    def _received(self, viewer: _Viewer, data: bytes) -> None:
         try:
             lines = viewer.splitter.feed(data)
         except ProtocolError as exc:
@@ -170,6 +287,9 @@ class Server:
     def pump(self) -> None:
         """Move new ledger bytes towards every viewer; drop the stalled and the far behind."""
         now = time.monotonic()
+        for waiting in list(self._unauthenticated.values()):
+            if now > waiting.deadline:
+                self._refuse(waiting)
         for viewer in list(self._viewers.values()):
             self._send(viewer)
             if viewer.sock.fileno() not in self._viewers:
@@ -244,6 +364,15 @@ class Server:
         self._listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+        if self._tcp_listener is not None:
+            self.selector.unregister(self._tcp_listener)
+            self._tcp_listener.close()
+            for pending in list(self._unauthenticated.values()):
+                self._forget(pending)
+                pending.sock.close()
+            if self.tcp_file is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.tcp_file)
         deadline = time.monotonic() + grace_s
         while self._viewers and time.monotonic() < deadline:
             self.pump()

@@ -24,6 +24,7 @@ from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import LEDGER_NAME
 from tuiwatch.ledger.records import END_REASONS, RESERVED_METRIC_NAMES, SCHEMA, Record
 from tuiwatch.ledger.socketdir import ensure_socket_dir, remove_stale_sockets, safe_name, socket_path
+from tuiwatch.ledger.tcp import format_address, tcp_option
 from tuiwatch.ledger.wire import Command, action_record
 from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
 from tuiwatch.publisher import process
@@ -135,6 +136,7 @@ class Watch:
         queue_size: int = 10_000,
         viewer_stall_s: float = 5.0,
         stop: str = "flag",
+        tcp: bool | str = False,
     ):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"tuiwatch.Watch needs a torch.nn.Module as model, got {type(model).__name__}")
@@ -146,6 +148,7 @@ class Watch:
             raise ValueError(f"stop must be 'flag' (watch.should_stop) or 'raise' (StopRequested), got {stop!r}")
         if not isinstance(every, int) or every < 1:
             raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        tcp_address = tcp_option(tcp)  # a bad address is refused before anything is created
         diagnosis = Diagnosis(rules)  # raises for an unknown rule id, before anything is created
         self.model = model
         self.optimizer = optimizer
@@ -220,6 +223,13 @@ class Watch:
             print(
                 f"tuiwatch: no live socket for this run ({socket_error}); the ledger is still written", file=sys.stderr
             )
+        self.tcp_address: str | None = None
+        if tcp_address is not None and self._pipeline.server is not None:
+            try:
+                self.tcp_address = self._pipeline.server.listen_tcp(*tcp_address)
+            except OSError as exc:
+                print(f"tuiwatch: no TCP listener at {format_address(*tcp_address)} ({exc.strerror or exc}); "
+                      "the Unix socket works", file=sys.stderr)  # fmt: skip
 
         self.run_record = self._make_run_record(param_count, socket_error)
         run_line = encode(self.run_record)
@@ -685,6 +695,7 @@ class Watch:
             "run_dir": None if self.run_dir is None else str(self.run_dir),
             "socket": None if self.socket_path is None else str(self.socket_path),
             "socket_error": socket_error,
+            "tcp": self.tcp_address,
             "model": type(self.model).__name__,
             "optimizer": None if self.optimizer is None else type(self.optimizer).__name__,
             "params": param_count,

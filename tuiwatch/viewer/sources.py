@@ -23,6 +23,7 @@ from textual.message import Message
 from tuiwatch.ledger.codec import DecodeError, decode
 from tuiwatch.ledger.reader import ledger_path
 from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.tcp import TcpTarget, connect_tcp, format_address
 from tuiwatch.ledger.wire import LineSplitter, ProtocolError, command_line
 from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
 
@@ -154,6 +155,24 @@ class SocketSource:
             if self._sock is not None:
                 with contextlib.suppress(OSError):
                     self._sock.shutdown(socket.SHUT_RDWR)
+
+
+class TcpSource(SocketSource):
+    """A run reached over its optional TCP listener: the token line, then the Unix socket's protocol."""
+
+    def __init__(self, target: TcpTarget):
+        super().__init__(Path(), None)
+        self.target = target
+        self.label = f"tcp://{format_address(target.host, target.port)}"
+
+    def _connect(self) -> socket.socket | None:
+        try:
+            sock = connect_tcp(self.target)
+        except OSError:
+            return None
+        with self._lock:
+            self._sock = sock
+        return sock
 
 
 class FileSource:

@@ -1,0 +1,179 @@
+"""The optional TCP mode: off by default, loopback, a 0600 token before any byte, HTTP dropped.
+
+Real TCP connections to a real training process on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+import tuiwatch
+from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.tcp import (
+    AUTH_TIMEOUT_S,
+    TcpTarget,
+    check_tcp_target,
+    connect_tcp,
+    parse_address,
+    read_token_file,
+    tcp_target,
+    token_line,
+)
+from tuiwatch.ledger.wire import command_line, iter_records
+from tuiwatch.viewer.sources import TcpSource
+
+from .helpers import env_for, finish, ledger_file, records, start_training, wait_until
+from .viewer_helpers import RecordingApp, until
+
+
+def token_file_of(socket_dir: Path) -> Path:
+    return wait_until(lambda: next(iter(socket_dir.glob("*.tcp")), None), what="the run's token file")
+
+
+def unanswered(target: TcpTarget, payload: bytes, timeout: float = 2 * AUTH_TIMEOUT_S) -> bytes:
+    """What the run sends back to a connection that sends ``payload`` (and then waits)."""
+    with socket.create_connection((target.host, target.port), timeout=timeout) as sock:
+        if payload:
+            sock.sendall(payload)
+        received = b""
+        try:
+            while chunk := sock.recv(4096):
+                received += chunk
+        except ConnectionResetError:
+            pass  # closed with our bytes unread: a reset, and still nothing sent
+        return received
+
+
+def test_tcp_is_off_by_default_and_a_bad_address_is_refused_up_front(run_root: Path, socket_dir: Path):
+    model = nn.Linear(2, 1)
+    watch = tuiwatch.Watch(model, run_dir=run_root)
+    watch.close()
+    assert watch.run_record["tcp"] is None
+    assert list(socket_dir.glob("*.tcp")) == []
+    with pytest.raises(TuiwatchError, match=r"^bad TCP address 'gpu-box': expected HOST:PORT"):
+        tuiwatch.Watch(model, run_dir=run_root, tcp="gpu-box")
+    with pytest.raises(TypeError, match="tcp must be False, True"):
+        tuiwatch.Watch(model, run_dir=run_root, tcp=7777)  # type: ignore[arg-type]
+    assert len(list(run_root.iterdir())) == 1  # the refused ones created nothing
+
+
+def test_only_a_peer_with_the_token_gets_a_byte(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--tcp", "on", "--steps", "100000", "--step-sleep", "0.005")
+    path = token_file_of(socket_dir)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    target = read_token_file(path)
+    assert target.host == "127.0.0.1"  # loopback unless an address is given
+    assert len(target.token) == 64
+
+    # Wrong token, HTTP, TLS, silence: closed without one byte.
+    assert unanswered(target, token_line("0" * 64)) == b""
+    assert unanswered(target, b"GET / HTTP/1.1\r\nHost: gpu-box\r\n\r\n") == b""
+    assert unanswered(target, b"\x16\x03\x01\x02\x00\x01\x00") == b""  # a TLS ClientHello
+    assert unanswered(target, b'{"token": "' + b"a" * 600) == b""  # no newline within 512 bytes
+    started = time.monotonic()
+    assert unanswered(target, b"") == b""
+    assert AUTH_TIMEOUT_S - 0.5 <= time.monotonic() - started < 2 * AUTH_TIMEOUT_S
+
+    # The token: the ledger from its run record on, and commands work.
+    with connect_tcp(target) as sock:
+        stream = iter_records(sock)
+        run = next(stream)
+        assert run["kind"] == "run"
+        assert run["tcp"] == f"127.0.0.1:{target.port}"
+        assert target.token not in str(run)  # the ledger and its readers never see the token
+        wait_until(lambda: next(r for r in stream if r["kind"] == "step"), what="a step over TCP")
+        sock.sendall(command_line("stop", 41))
+        reply = next(r for r in stream if r["kind"] == "action")
+        assert (reply["id"], reply["action"], reply["ok"]) == (41, "stop", True)
+    finish(proc)
+    ledger = records(ledger_file(run_root))
+    assert ledger[-1]["reason"] == "stopped"
+    assert ledger[-1]["refused_peers"] == 5
+    assert not path.exists()  # the token file goes with the run
+
+
+async def test_the_viewer_attaches_over_tcp(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--tcp", "on", "--steps", "100000", "--step-sleep", "0.005")
+    target = read_token_file(token_file_of(socket_dir))
+    check_tcp_target(target)
+    app = RecordingApp(TcpSource(target))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.status == "live" and (app.state.step or 0) > 5, what="live steps")
+        assert app.state.run["tcp"] == f"127.0.0.1:{target.port}"
+        await pilot.press("s")
+        await pilot.press("y")
+        await until(pilot, lambda: app.state.status == "stopped", what="the run to stop")
+    finish(proc)
+
+
+def test_tcp_targets_and_their_one_line_errors(tmp_path: Path):
+    good = tmp_path / "train.4242.tcp"
+    good.write_text('{"address": "10.0.0.5:7777", "token": "abc"}')
+    good.chmod(0o600)
+    assert tcp_target(str(good), None) == TcpTarget("10.0.0.5", 7777, "abc")
+    assert tcp_target(None, str(good)) == TcpTarget("10.0.0.5", 7777, "abc")
+    assert tcp_target("tcp://gpu-box:7777", str(good)) == TcpTarget("gpu-box", 7777, "abc")
+    assert tcp_target("resnet", None) is None
+    assert tcp_target("gpu-box:resnet", None) is None
+    assert parse_address("[::1]:80") == ("::1", 80)
+    assert parse_address("7777") == ("127.0.0.1", 7777)
+    errors = {
+        "needs --token-file": lambda: tcp_target("tcp://gpu-box:7777", None),
+        "goes with a tcp://": lambda: tcp_target("resnet", str(good)),
+        "bad TCP address 'gpu-box:http'": lambda: tcp_target("tcp://gpu-box:http", str(good)),
+        "cannot read the token file": lambda: tcp_target(str(tmp_path / "gone.tcp"), None),
+    }
+    for message, call in errors.items():
+        with pytest.raises(TuiwatchError, match=message):
+            call()
+    good.chmod(0o644)
+    with pytest.raises(TuiwatchError, match=r"can be read by others \(mode 644\): chmod 600 it$"):
+        read_token_file(good)
+    good.write_text("not json")
+    good.chmod(0o600)
+    with pytest.raises(TuiwatchError, match="is not a tuiwatch token file"):
+        read_token_file(good)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(TuiwatchError, match=rf"^cannot reach a run at 127.0.0.1:{port} \(.*\): is it running"):
+        check_tcp_target(TcpTarget("127.0.0.1", port, "abc"), timeout=2)
+
+
+def test_a_stale_token_file_is_removed_with_its_dead_run(socket_dir: Path, run_root: Path):
+    dead = socket_dir / "old.999999999.tcp"
+    dead.write_text("{}")
+    mine = socket_dir / f"other.{os.getpid()}.tcp"
+    mine.write_text("{}")
+    watch = tuiwatch.Watch(nn.Linear(2, 1), run_dir=run_root)
+    watch.close()
+    assert not dead.exists()
+    assert mine.exists()
+
+
+def test_a_wrong_token_is_one_line_from_the_cli(run_root: Path, socket_dir: Path, tmp_path: Path):
+    model = nn.Linear(2, 1)
+    watch = tuiwatch.Watch(model, run_dir=run_root, tcp=True)
+    try:
+        copied = tmp_path / "copied.tcp"
+        copied.write_text(f'{{"address": "{watch.tcp_address}", "token": "{"f" * 64}"}}')
+        copied.chmod(0o600)
+        out = subprocess.run([sys.executable, "-m", "tuiwatch", "attach", "--token-file", str(copied)],
+                             env=env_for(socket_dir), capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert out.returncode == 1
+        assert out.stderr == (
+            f"tuiwatch: error: the run at {watch.tcp_address} refused the token: "
+            "copy the token file again (each run writes a new one)\n"
+        )
+        check_tcp_target(read_token_file(next(socket_dir.glob("*.tcp"))))  # the right one is answered
+    finally:
+        watch.close()
