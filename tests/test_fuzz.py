@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -13,6 +14,7 @@ from tuiwatch.ledger.records import KINDS
 from tuiwatch.ledger.wire import MAX_LINE_BYTES, Command, LineSplitter, ProtocolError, parse_command
 from tuiwatch.report import as_text, summarize
 from tuiwatch.rules import Diagnosis
+from tuiwatch.viewer.panes.memory import _bar, _cpu_line, _gpu_line, device_total
 from tuiwatch.viewer.state import MAX_ALERTS, MAX_METRICS, RunState
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -77,3 +79,25 @@ def test_the_viewer_state_takes_any_records_and_stays_bounded(stream: list[dict[
     state.apply_all(stream)
     assert len(state.alerts) <= MAX_ALERTS
     assert len(state.metrics) <= MAX_METRICS
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["mem_total", "device"]), values), st.one_of(st.none(), st.lists(
+    st.dictionaries(st.sampled_from(["index", "device", "util", "mem_used", "mem_total", "temp", "power",
+                                     "process_mem_used"]), values), max_size=4)),
+       st.dictionaries(st.sampled_from(["cpu_percent", "rss", "workers", "workers_cpu_percent"]), values),
+       st.floats(), st.floats(), st.integers(0, 300))  # fmt: skip
+def test_the_memory_pane_draws_any_readings(
+    run: dict[str, Any],
+    gpus: list[dict[str, Any]] | None,
+    system: dict[str, Any],
+    used: float,
+    total: float,
+    width: int,
+):
+    lines = [_cpu_line(system).plain] + [_gpu_line(g).plain for g in gpus or []]
+    found = device_total(run, gpus)
+    assert found is None or found > 0
+    if total > 0 and math.isfinite(total) and math.isfinite(used):
+        lines.append(_bar("peak", used, total, width).plain)
+    assert all("\x1b" not in line and "\n" not in line for line in lines)

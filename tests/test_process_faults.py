@@ -7,6 +7,8 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
+
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.socketdir import list_sockets
 
@@ -54,3 +56,40 @@ def test_sigterm_ends_the_ledger_with_reason_killed_within_2_s(run_root: Path, s
     assert last["kind"] == "end"
     assert last["reason"] == "killed"
     assert not list(socket_dir.glob("*.sock"))  # no socket left behind
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_sigint_ends_the_ledger_stopped_within_2_s_and_leaves_no_worker_behind(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "100000", "--step-sleep", "0.005", "--workers", "2")
+    ledger = wait_for_ledger(run_root)
+    wait_until(lambda: count_steps(ledger) > 5, what="steps")
+    workers = wait_until(lambda: _children(proc.pid) if len(_children(proc.pid)) >= 2 else None, what="2 workers")
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(10)
+    assert time.monotonic() - sent < 2.0
+    assert proc.returncode != 0  # KeyboardInterrupt ends the script
+    last = records(ledger)[-1]
+    assert (last["kind"], last["reason"]) == ("end", "stopped")
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert alive == []
+    assert not list(socket_dir.glob("*.sock"))
+
+
+def test_interpreter_exit_with_a_hung_disk_completes_within_2_5_s(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "60", "--hang-disk-at-step", "30", "--no-close")
+    assert proc.stdout is not None
+    line = wait_until(lambda: proc.stdout.readline() if proc.stdout else None, what="the loop's end")  # type: ignore[union-attr]
+    assert line.strip() == "loop done"
+    done = time.monotonic()
+    proc.wait(10)
+    assert time.monotonic() - done < 2.5
+    assert proc.returncode == 0
+    steps = [r["step"] for r in records(ledger_file(run_root)) if r["kind"] == "step"]
+    assert steps == list(range(len(steps)))  # what reached the disk before it hung is whole

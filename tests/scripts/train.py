@@ -53,6 +53,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=32, help="hidden width (a larger state dict)")
     p.add_argument("--max-file-bytes", type=int, default=None, help="RLIMIT_FSIZE: a disk that fills up")
     p.add_argument("--tcp", default=None, help="'on' (loopback, any port) or HOST:PORT: Watch(tcp=...)")
+    p.add_argument("--hang-disk-at-step", type=int, default=None, help="every ledger write blocks from then on")
     p.add_argument("--disk-back-at-step", type=int, default=None, help="lift that limit: space comes back")
     args = p.parse_args()
     if args.max_file_bytes:
@@ -86,8 +87,32 @@ def main() -> None:
         print(f"stopped: {exc}", flush=True)
     if truth:
         truth.close()
+    print("loop done", flush=True)
     if not args.no_close:
         watch.close()
+
+
+def hang_the_disk() -> None:
+    """From now on every write and fsync of the ledger blocks forever, as on a dead NFS mount."""
+    import os
+    import threading
+
+    import tuiwatch.ledger.writer as writer_module
+
+    never = threading.Event()
+
+    class HungOs:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+        def write(self, fd: int, data: Any) -> int:
+            never.wait()
+            return 0
+
+        def fsync(self, fd: int) -> None:
+            never.wait()
+
+    writer_module.os = HungOs()  # type: ignore[assignment,attr-defined]
 
 
 def train(args: argparse.Namespace, watch: tuiwatch.Watch, model: nn.Module, opt: Any, sched: Any,
@@ -109,6 +134,8 @@ def train(args: argparse.Namespace, watch: tuiwatch.Watch, model: nn.Module, opt
                 truth.write(json.dumps(row) + "\n")
             sched.step()
             step += 1
+            if step == args.hang_disk_at_step:
+                hang_the_disk()
             if step == args.disk_back_at_step:
                 import resource
 

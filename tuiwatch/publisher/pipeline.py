@@ -45,6 +45,8 @@ Item = Record | PendingRecord
 # How long a record may wait for its device values before it is written with
 # what is there (a CUDA stream that never completes must not stall the ledger).
 MAX_WAIT_S = 5.0
+# A ledger write or fsync blocked this long is a hung disk: close() stops waiting for it.
+STUCK_STORE_S = 1.0
 # Records kept in memory for dumps ("the last ledger records").
 RECENT_RECORDS = 200
 
@@ -76,6 +78,7 @@ class Pipeline:
         self.error: str | None = None
         self.dropped_records = 0
         self._end: Record | None = None
+        self._store_busy_since: float | None = None  # when the current ledger write or fsync began
         self._lock = threading.Lock()
         self._items: deque[Item] = deque()
         self._head_since: float | None = None
@@ -109,13 +112,23 @@ class Pipeline:
         self._thread.start()
 
     def close(self, end: Record, timeout_s: float = 2.0) -> bool:
-        """Write ``end`` last, flush and stop within ``timeout_s``; False if the thread is stuck."""
+        """Write ``end`` last, flush and stop within ``timeout_s``; False if the thread is stuck.
+
+        Returns sooner when one ledger write or fsync has been blocked for
+        :data:`STUCK_STORE_S`: on a hung disk, waiting longer only delays the
+        exit of a run whose records are already lost.
+        """
         self._end = end
         self._stopping.set()
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self._thread.is_alive():
+            now = time.monotonic()
+            busy = self._store_busy_since
+            if now >= deadline or (busy is not None and now - busy >= STUCK_STORE_S):
+                break
+            self._thread.join(min(0.05, deadline - now))
         return not self._thread.is_alive()
 
     def sync(self, timeout_s: float) -> bool:
@@ -244,6 +257,7 @@ class Pipeline:
         if not records:
             return
         data = b"".join(encode(r) for r in records)
+        self._store_busy_since = time.monotonic()
         try:
             self.store.append(data)
         except OSError as exc:
@@ -253,13 +267,23 @@ class Pipeline:
             if self.disk_gap is not None:
                 self.disk_gap.lost_records(records)
             return
+        finally:
+            self._store_busy_since = None
         if self.disk_gap is not None:
-            self.disk_gap.append(records, data, now=time.monotonic(), retry_now=last)
+            self._store_busy_since = time.monotonic()
+            try:
+                self.disk_gap.append(records, data, now=time.monotonic(), retry_now=last)
+            finally:
+                self._store_busy_since = None
 
     def _flush(self) -> None:
-        self.store.flush()
-        if self.disk_gap is not None:
-            self.disk_gap.flush()
+        self._store_busy_since = time.monotonic()
+        try:
+            self.store.flush()
+            if self.disk_gap is not None:
+                self.disk_gap.flush()
+        finally:
+            self._store_busy_since = None
 
     def _counters(self) -> tuple[Any, ...]:
         server = self.server.counters if self.server is not None else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeGuard
 
 from rich.console import Group, RenderableType
@@ -16,7 +17,8 @@ _BARS = (("allocated", "mem_allocated"), ("reserved", "mem_reserved"), ("peak", 
 
 
 def _is_number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """A finite number: anything else from a run (NaN, a string, a list) is shown as "-"."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _bar(label: str, used: float, total: float, width: int) -> Text:
