@@ -27,7 +27,6 @@ class DiskGap:
         self.path = path
         self.retry_s = retry_s
         self.file: FileLedger | None = None
-        self.gaps_written = 0
         self._error = error
         self._next_try = time.monotonic() + retry_s
         self._reset()
@@ -70,7 +69,6 @@ class DiskGap:
             self.lost_records(records)
             return
         if head:
-            self.gaps_written += 1
             self._reset()
 
     def _gap_record(self) -> Record:
