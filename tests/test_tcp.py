@@ -124,13 +124,14 @@ def test_tcp_targets_and_their_one_line_errors(tmp_path: Path):
     assert tcp_target("tcp://gpu-box:7777", str(good)) == TcpTarget("gpu-box", 7777, "abc")
     assert tcp_target("resnet", None) is None
     assert tcp_target("gpu-box:resnet", None) is None
+    assert tcp_target("gone.tcp", None) is None  # not a file here: a run name, for the usual lookup
     assert parse_address("[::1]:80") == ("::1", 80)
     assert parse_address("7777") == ("127.0.0.1", 7777)
     errors = {
         "needs --token-file": lambda: tcp_target("tcp://gpu-box:7777", None),
         "goes with a tcp://": lambda: tcp_target("resnet", str(good)),
         "bad TCP address 'gpu-box:http'": lambda: tcp_target("tcp://gpu-box:http", str(good)),
-        "cannot read the token file": lambda: tcp_target(str(tmp_path / "gone.tcp"), None),
+        "cannot read the token file": lambda: tcp_target(None, str(tmp_path / "gone.tcp")),
     }
     for message, call in errors.items():
         with pytest.raises(TuiwatchError, match=message):

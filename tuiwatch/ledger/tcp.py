@@ -130,15 +130,15 @@ def read_token_file(path: Path, host: str | None = None) -> TcpTarget:
 def tcp_target(target: str | None, token_file: str | None) -> TcpTarget | None:
     """What ``tuiwatch attach`` was given, if it is a TCP target; None for every other kind.
 
-    ``tcp://HOST:PORT --token-file F``, a token file itself (``….tcp``), or
-    ``--token-file F`` alone (the address written in the file).
+    ``tcp://HOST:PORT --token-file F``, an existing token file itself
+    (``….tcp``), or ``--token-file F`` alone (the address written in the file).
     """
     if target is not None and target.startswith("tcp://"):
         if token_file is None:
             raise TuiwatchError("a tcp:// target needs --token-file FILE: the run's <name>.<pid>.tcp, copied over")
         host, port = parse_address(target[len("tcp://") :])
         return TcpTarget(host, port, read_token_file(Path(token_file)).token)
-    if target is not None and target.endswith(TCP_FILE_SUFFIX) and token_file is None:
+    if target is not None and target.endswith(TCP_FILE_SUFFIX) and token_file is None and Path(target).is_file():
         return read_token_file(Path(target))
     if token_file is not None:
         if target is not None:
