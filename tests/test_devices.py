@@ -10,6 +10,7 @@ GPU host.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ def test_a_step_waits_for_its_end_event_and_takes_the_device_time_from_it():
     assert s.ready()
     record = s.build()
     assert record["compute_s"] == pytest.approx(0.040)
-    assert end.synchronized == 1  # a no-op on a completed CUDA event
+    assert end.synchronized == 0  # a completed event is read, never waited on (no sync call at all)
     s.batch = None
     assert record["data_wait_s"] == 0.010
 
@@ -91,17 +92,23 @@ def test_a_pinned_copy_is_read_only_after_its_event_completes():
     assert resolve([value, 1.0, None]) == [2.5, 1.0, None]
 
 
-def test_at_close_a_pending_step_is_waited_for_and_written(tmp_path: Path):
+def test_at_close_pending_values_are_polled_for_and_never_waited_on(tmp_path: Path):
     pipeline = Pipeline(FileLedger(tmp_path / "ledger.jsonl"), system_interval_s=None)
-    s = StepState(step=0, started=0.0)
-    end = StreamEvent(25.0)
-    s.compute_s = PendingDuration(StreamEvent(0.0, done=True), end, host_s=0.001)
-    s.metrics["loss"] = PendingCopy(torch.tensor(0.75), end)
-    pipeline.put(s)
+    late, never = StreamEvent(25.0), StreamEvent(0.0)
+    for step, end in ((0, late), (1, never)):
+        s = StepState(step=step, started=0.0)
+        s.compute_s = PendingDuration(StreamEvent(0.0, done=True), end, host_s=0.001)
+        s.metrics["loss"] = PendingCopy(torch.tensor(0.75), end)
+        pipeline.put(s)
     pipeline.start()
+    threading.Timer(0.1, lambda: setattr(late, "done", True)).start()  # the GPU finishes step 0 a bit later
     assert pipeline.close({"kind": "end", "t": 1.0, "reason": "finished"})
     steps = [r for r in read_ledger(tmp_path / "ledger.jsonl") if r["kind"] == "step"]
-    assert [(r["compute_s"], r["loss"]) for r in steps] == [(pytest.approx(0.025), 0.75)]
+    assert [(r["compute_s"], r["loss"]) for r in steps] == [
+        (pytest.approx(0.025), 0.75),
+        (0.001, None),  # never completed: host time and no loss, written within the close bound
+    ]
+    assert late.synchronized == never.synchronized == 0
 
 
 @pytest.mark.skipif(

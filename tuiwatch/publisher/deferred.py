@@ -2,7 +2,9 @@
 
 On CUDA, :func:`defer` starts a non-blocking copy into pinned host memory and
 records an event; the pipeline thread asks :func:`is_ready` (``event.query()``,
-no sync) and then :func:`resolve` turns the value into a Python number.
+no sync) and then :func:`resolve` turns the value into a Python number. No
+call here ever waits for the device: a value read before its event completed
+is None (the pipeline waits for readiness, bounded, before it reads).
 
 Step times on CUDA work the same way: :func:`device_mark` records a timing
 event on the current stream at the start of a step and another at its end;
@@ -38,8 +40,8 @@ class PendingCopy:
         return bool(self.event.query())
 
     def value(self) -> Any:
-        self.event.synchronize()  # no-op once query() said ready; blocks only at close
-        return self.host.item()
+        """The number, or None if the copy has not arrived (never waits: no sync, ever)."""
+        return self.host.item() if self.event.query() else None
 
 
 class PendingDuration:
@@ -60,11 +62,13 @@ class PendingDuration:
         return bool(self.end.query())
 
     def value(self) -> float:
+        """The device time, or the host time if the events cannot be read now (never waits)."""
         try:
-            self.end.synchronize()
-            return float(self.start.elapsed_time(self.end)) / 1000.0
+            if self.end.query():
+                return float(self.start.elapsed_time(self.end)) / 1000.0
         except RuntimeError:
-            return self.host_s
+            pass
+        return self.host_s
 
 
 _PENDING = (PendingCopy, PendingDuration)

@@ -43,8 +43,12 @@ class PendingRecord(Protocol):
 Item = Record | PendingRecord
 
 # How long a record may wait for its device values before it is written with
-# what is there (a CUDA stream that never completes must not stall the ledger).
-MAX_WAIT_S = 5.0
+# what is there: longer than any sane step (a run whose GPU step takes 20 s
+# still gets every value), while a CUDA stream that never completes delays
+# only the step records, never the thread, the viewers or other records.
+MAX_WAIT_S = 60.0
+# At close and at a sync, how long the last records may wait for theirs.
+FINAL_WAIT_S = 1.0
 # A ledger write or fsync blocked this long is a hung disk: close() stops waiting for it.
 STUCK_STORE_S = 1.0
 # Records kept in memory for dumps ("the last ledger records").
@@ -203,11 +207,15 @@ class Pipeline:
         if not items:
             return
         records: list[Record] = []
+        final_until = time.monotonic() + FINAL_WAIT_S
         for index, item in enumerate(items):
             if isinstance(item, dict):
                 records.append(item)
                 continue
-            if not final and not item.ready():
+            if final:
+                while not item.ready() and time.monotonic() < final_until:
+                    time.sleep(0.001)  # device values polled, never waited on with a sync
+            elif not item.ready():
                 now = time.monotonic()
                 self._head_since = self._head_since or now
                 if now - self._head_since < MAX_WAIT_S:
