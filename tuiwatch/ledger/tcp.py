@@ -28,9 +28,6 @@ from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import DecodeError, decode, encode
 from tuiwatch.ledger.socketdir import TCP_FILE_SUFFIX
 
-__all__ = ["TCP_FILE_SUFFIX", "TcpTarget", "check_tcp_target", "connect_tcp", "parse_address", "read_token_file",
-           "tcp_option", "tcp_target", "write_token_file"]  # fmt: skip
-
 LOOPBACK = "127.0.0.1"
 AUTH_TIMEOUT_S = 5.0
 MAX_AUTH_BYTES = 512

@@ -20,6 +20,7 @@ from pathlib import Path
 from tuiwatch.ledger import tcp
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.socketdir import TCP_FILE_SUFFIX
 from tuiwatch.ledger.wire import Command, LineSplitter, ProtocolError, action_record, parse_command, peer_uid
 from tuiwatch.ledger.writer import LedgerStore
 
@@ -131,7 +132,7 @@ class Server:
         bound_host, bound_port = listener.getsockname()[:2]
         address = tcp.format_address(bound_host, bound_port)
         token = secrets.token_hex(32)
-        token_file = self.path.with_suffix(tcp.TCP_FILE_SUFFIX)
+        token_file = self.path.with_suffix(TCP_FILE_SUFFIX)
         try:
             tcp.write_token_file(token_file, address, token)
         except OSError:
