@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -265,9 +265,9 @@ class Pipeline:
         if not records:
             return
         data = b"".join(encode(r) for r in records)
-        self._store_busy_since = time.monotonic()
         try:
-            self.store.append(data)
+            with self._store_io():
+                self.store.append(data)
         except OSError as exc:
             self._degrade(exc)
             if isinstance(self.store, MemoryTail):
@@ -275,21 +275,22 @@ class Pipeline:
             if self.disk_gap is not None:
                 self.disk_gap.lost_records(records)
             return
-        finally:
-            self._store_busy_since = None
         if self.disk_gap is not None:
-            self._store_busy_since = time.monotonic()
-            try:
+            with self._store_io():
                 self.disk_gap.append(records, data, now=time.monotonic(), retry_now=last)
-            finally:
-                self._store_busy_since = None
 
     def _flush(self) -> None:
-        self._store_busy_since = time.monotonic()
-        try:
+        with self._store_io():
             self.store.flush()
             if self.disk_gap is not None:
                 self.disk_gap.flush()
+
+    @contextlib.contextmanager
+    def _store_io(self) -> Iterator[None]:
+        """Marks a ledger write or fsync in progress, for close() to tell a hung disk."""
+        self._store_busy_since = time.monotonic()
+        try:
+            yield
         finally:
             self._store_busy_since = None
 

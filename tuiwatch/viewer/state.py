@@ -43,7 +43,7 @@ def describe_action(r: Record, action: str) -> str:
     path, done = r.get("path"), r.get("steps_done")
     if action == "checkpoint" and path:
         n_bytes = r.get("bytes")
-        if not (_is_number(n_bytes) and _is_number(done)):
+        if not (is_number(n_bytes) and is_number(done)):
             return f"checkpoint written: {path}"
         return f"checkpoint written: {path} ({size(n_bytes)}, step {done})"
     if action == "dump" and path:
@@ -118,7 +118,7 @@ class RunState:
         self.epoch = r.get("epoch") if isinstance(r.get("epoch"), int) else self.epoch
         self.last_step = r
         for name, value in r.items():
-            if name in _STEP_INTERNAL or not _is_number(value):
+            if name in _STEP_INTERNAL or not is_number(value):
                 continue
             series = self.metrics.get(name)
             if series is None:
@@ -128,7 +128,7 @@ class RunState:
                 series = self.metrics[name] = Series()
             series.add(step, float(value))
         lr = r.get("lr")
-        if isinstance(lr, list) and lr and _is_number(lr[0]):
+        if isinstance(lr, list) and lr and is_number(lr[0]):
             self.lr.add(step, float(lr[0]))
         for series, key in (
             (self.grad_norm, "grad_norm"),
@@ -137,7 +137,7 @@ class RunState:
             (self.mem_allocated, "mem_allocated"),
         ):
             value = r.get(key)
-            if _is_number(value):
+            if is_number(value):
                 series.add(step, float(value))
 
     def _eval(self, r: Record) -> None:
@@ -146,7 +146,7 @@ class RunState:
             return
         self.last_eval = r
         for name, value in r.items():
-            if name in ("kind", "t", "step", "epoch", "training") or not _is_number(value):
+            if name in ("kind", "t", "step", "epoch", "training") or not is_number(value):
                 continue
             series = self.eval_metrics.get(name)
             if series is None:
@@ -158,7 +158,7 @@ class RunState:
     def _system(self, r: Record) -> None:
         self.last_system = r
         rss = r.get("rss")
-        if _is_number(rss) and self.step is not None:
+        if is_number(rss) and self.step is not None:
             self.rss.add(self.step, float(rss))
 
     def _publisher(self, r: Record) -> None:
@@ -174,7 +174,7 @@ class RunState:
                 rule=str(r.get("rule", "")),
                 message=str(r.get("message", "")),
                 next_check=str(r.get("next_check") or ""),
-                t=float(r["t"]) if _is_number(r.get("t")) else 0.0,
+                t=float(r["t"]) if is_number(r.get("t")) else 0.0,
                 dump=str(evidence.get("dump") or "") if isinstance(evidence := r.get("evidence"), dict) else "",
             )
         )
@@ -216,7 +216,7 @@ class RunState:
 
     def elapsed(self, now: float | None = None) -> float | None:
         started = self.run.get("t", self.first_t)
-        if not _is_number(started):
+        if not is_number(started):
             return None
         end = self.last_t if self.status in ("finished", "stopped", "disconnected") or now is None else now
         return None if end is None else float(end) - float(started)
@@ -234,7 +234,7 @@ class RunState:
         return next((n for n in self.eval_metrics if "loss" in n), None)
 
 
-def _is_number(value: Any) -> TypeGuard[float]:
+def is_number(value: Any) -> TypeGuard[float]:
     return type(value) is float or type(value) is int  # bool is not a number here
 
 

@@ -37,6 +37,14 @@ def separable(n: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     return x, (x @ torch.tensor([1.5, -1.0]) > 0).long()
 
 
+def seeded_problem(seed: int, n: int = 4096) -> tuple[torch.Generator, torch.Tensor, torch.Tensor]:
+    """The data's generator, torch's seed (for the model's init) and :func:`separable`, in that order."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    x, y = separable(n, g)
+    return g, x, y
+
+
 def loader(x: torch.Tensor, y: torch.Tensor, g: torch.Generator, batch_size: int = 64, **kw: Any) -> DataLoader[Any]:
     return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True, generator=g, **kw)
 

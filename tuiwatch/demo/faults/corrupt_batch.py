@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tuiwatch.demo.faults.common import Outcome, mlp, separable, train
+from tuiwatch.demo.faults.common import Outcome, mlp, seeded_problem, train
 
 RULE = "loss-spike"
 STARTS = 50
@@ -20,9 +20,7 @@ CORRUPT = range(3200, 3264)
 
 
 def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    x, y = separable(4096, g)
+    _, x, y = seeded_problem(seed)
     x[CORRUPT.start : CORRUPT.stop] *= 1000.0  # the bug: one shard in other units
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -10,16 +10,14 @@ from typing import Any
 
 import torch
 
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, separable, train
+from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, separable, train
 
 RULE = "eval-mode"
 STARTS = 100
 
 
 def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    x, y = separable(4096, g)
+    g, x, y = seeded_problem(seed)
     model = mlp(dropout=0.3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return train(model, optimizer, loader(x, y, g), name="fault-eval-train-mode", steps=steps, run_dir=run_dir,

@@ -14,16 +14,14 @@ from typing import Any
 
 import torch
 
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, separable, train
+from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, train
 
 RULE = "memory-growth"
 STARTS = 0
 
 
 def run(steps: int = 3000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    x, y = separable(8192, g)
+    g, x, y = seeded_problem(seed, 8192)
     model = mlp(width=128)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     kw.setdefault("system", 0.25)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from tuiwatch import NonFiniteError
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, separable, train
+from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, train
 
 RULE = "nonfinite"
 SAMPLE = 777
@@ -25,9 +25,7 @@ def handwritten_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Te
 
 
 def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    x, y = separable(4096, g)
+    g, x, y = seeded_problem(seed)
     x[SAMPLE] = torch.tensor([3000.0, -2000.0])  # an outlier: finite, far out, labelled against its side
     y[SAMPLE] = 0
     model = mlp()

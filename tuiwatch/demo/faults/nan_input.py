@@ -12,16 +12,14 @@ from typing import Any
 import torch
 
 from tuiwatch import NonFiniteError
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, separable, train
+from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, train
 
 RULE = "nonfinite"
 SAMPLE = 1234
 
 
 def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    x, y = separable(4096, g)
+    g, x, y = seeded_problem(seed)
     x[SAMPLE, 1] = float("nan")  # the bug: one corrupt feature in the data
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, separable, train
+from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, train
 
 RULE = "grad-zero"
 STARTS = 0
@@ -25,9 +25,7 @@ def through_numpy(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    x, y = separable(4096, g)
+    g, x, y = seeded_problem(seed)
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     return train(model, optimizer, loader(x, y, g), name="fault-numpy-graph", steps=steps, run_dir=run_dir,

@@ -12,16 +12,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuiwatch.demo.faults.common import Outcome, loader, separable, train
+from tuiwatch.demo.faults.common import Outcome, loader, seeded_problem, separable, train
 
 RULE = "overfit"
 STARTS = 0
 
 
 def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    x, y = separable(48, g)  # the bug: far too little data for the model...
+    g, x, y = seeded_problem(seed, 48)  # the bug: far too little data for the model...
     flip = torch.rand(len(y), generator=g) < 0.25
     y[flip] = 1 - y[flip]  # ...and noisy labels in it
     model = nn.Sequential(nn.Linear(2, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))

@@ -11,16 +11,14 @@ from typing import Any
 
 import torch
 
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, separable, train
+from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, train
 
 RULE = "loss-chance"
 STARTS = 0
 
 
 def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    x, y = separable(4096, g)
+    g, x, y = seeded_problem(seed)
     y = y[torch.randperm(len(y), generator=g)]  # the bug: labels shuffled on their own
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, separable, train
+from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, train
 
 RULE = "data-bound"
 STARTS = 0
@@ -23,9 +23,7 @@ def slow_collate(samples: list[Any]) -> Any:
 
 
 def run(steps: int = 300, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    x, y = separable(4096, g)
+    g, x, y = seeded_problem(seed)
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     batches = loader(x, y, g, collate_fn=slow_collate)

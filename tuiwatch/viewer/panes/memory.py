@@ -10,6 +10,7 @@ from rich.text import Text
 
 from tuiwatch.viewer.panes.base import Pane, chart_lines
 from tuiwatch.viewer.render.text import safe, size
+from tuiwatch.viewer.state import is_number
 
 _LABEL = 10  # "allocated " and "reserved  "
 _SIZE = 10  # " 123.4 GiB"
@@ -18,7 +19,7 @@ _BARS = (("allocated", "mem_allocated"), ("reserved", "mem_reserved"), ("peak", 
 
 def _is_number(value: Any) -> TypeGuard[int | float]:
     """A finite number: anything else from a run (NaN, a string, a list) is shown as "-"."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 def _bar(label: str, used: float, total: float, width: int) -> Text:
