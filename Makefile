@@ -17,6 +17,7 @@ check: $(STAMP) sshd
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest
 
 bench: $(STAMP)

@@ -23,12 +23,12 @@ from typing import Any
 import atheris
 
 with atheris.instrument_imports():
+    from tuiwatch.analysis.report import as_text, summarize
     from tuiwatch.ledger.codec import DecodeError, decode
-    from tuiwatch.ledger.tcp import could_be_token_line, token_matches
-    from tuiwatch.ledger.wire import LineSplitter, ProtocolError, parse_command
-    from tuiwatch.report import as_text, summarize
     from tuiwatch.rules import Diagnosis
     from tuiwatch.viewer.state import MAX_ALERTS, MAX_METRICS, RunState
+    from tuiwatch.wire.protocol import LineSplitter, ProtocolError, parse_command
+    from tuiwatch.wire.tcp import could_be_token_line, token_matches
 
 STATE = RunState()  # one state across every input: it must stay bounded
 

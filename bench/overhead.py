@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from tuiwatch.ledger.writer import MemoryTail
 from tuiwatch.publisher import measure
-from tuiwatch.publisher.pipeline import Pipeline
+from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.watch import Watch
 
 BARS = {"publish_p50_us": 5.0, "publish_p99_us": 20.0, "measure_tiny_us": 30.0, "cpu_per_record_us": 10.0}
@@ -196,25 +196,22 @@ def instrumented(case: Case, run_dir: Path, steps: int) -> dict[str, Any]:
 
         return wrapper
 
-    # Publishing: what the training thread does to hand a step over.
-    watch._end_step = timed(watch._end_step, publish)  # type: ignore[method-assign]
+    # Publishing: what the training thread does to hand a step over (the tracker opens and ends steps).
+    tracker = watch._tracker
+    tracker.end = timed(tracker.end, publish)  # type: ignore[method-assign]
     watch.log = timed(watch.log, publish)  # type: ignore[method-assign]
-    watch._open_step = timed(watch._open_step, publish)  # type: ignore[method-assign]
-    # Measurements: norms, finiteness probes, batch shapes (hooks look these up at call time).
-    for name in ("_before_optimizer_step", "_after_optimizer_step", "_after_forward"):
-        setattr(watch, name, timed(getattr(watch, name), measured))
+    tracker.open = timed(tracker.open, publish)  # type: ignore[method-assign]
+    # Measurements: norms, finiteness probes, batch shapes. The hooks were registered with the
+    # bound methods: detach them, time them, attach the timed ones.
+    hooks = watch._hooks
+    hooks.remove()
+    for name in ("before_optimizer_step", "after_optimizer_step", "after_forward"):
+        setattr(hooks, name, timed(getattr(hooks, name), measured))
+    hooks.attach()
     orig_batch_info = measure.BatchInfo
     import tuiwatch.publisher.watch as watch_module
 
     watch_module.BatchInfo = lambda b: _timed_call(orig_batch_info, b, measured)  # type: ignore[assignment,misc]
-    # Hooks were registered with the bound methods; re-register the timed ones.
-    for hook in watch._hooks:
-        hook.remove()
-    watch._hooks = [
-        arm.opt.register_step_pre_hook(watch._before_optimizer_step),
-        arm.opt.register_step_post_hook(watch._after_optimizer_step),
-        arm.model.register_forward_hook(watch._after_forward),
-    ]
     loader = loader_for(case, 50)
     arm.run(loader, 200)
     publish.clear()
@@ -255,7 +252,7 @@ def background_cost(case: Case, records: int) -> float:
     watch = arm.watch
     assert watch is not None
     captured: list[Any] = []
-    watch._pipeline.put = captured.append  # type: ignore[method-assign]
+    watch._pipeline.put = captured.append  # type: ignore[method-assign,assignment]
     arm.run(loader_for(case, 50), records)
     watch._pipeline.put = Pipeline.put.__get__(watch._pipeline)  # type: ignore[method-assign]
     watch.close()

@@ -33,11 +33,11 @@ import time
 from pathlib import Path
 
 from tuiwatch.ledger.reader import read_ledger
-from tuiwatch.ledger.socketdir import list_sockets
+from tuiwatch.wire.socketdir import list_sockets
 
 CLIENT = """
 import sys
-from tuiwatch.ledger.wire import connect
+from tuiwatch.wire.protocol import connect
 sock = connect(sys.argv[1], timeout=30)
 while sock.recv(1 << 16):
     pass

@@ -31,7 +31,7 @@ import orjson
 
 from tuiwatch.viewer.app import TuiwatchApp
 from tuiwatch.viewer.panes.base import chart_lines
-from tuiwatch.viewer.series import Series
+from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.sources import SocketSource
 
 RUN = {"kind": "run", "t": 0.0, "name": "bench", "run_id": "bench", "host": "local", "pid": 1}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.records import Record
 
 T = TypeVar("T")
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -66,7 +67,7 @@ def wait_for_ledger(run_root: Path, timeout: float = 20.0) -> Path:
     return wait_until(lambda: next(iter(run_root.glob("*/ledger.jsonl")), None), timeout, "the ledger file")
 
 
-def records(path: Path, kind: str | None = None) -> list[dict[str, Any]]:
+def records(path: Path, kind: str | None = None) -> list[Record]:
     return [r for r in read_ledger(path) if kind is None or r["kind"] == kind]
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import tuiwatch
-from tuiwatch.ledger.socketdir import list_sockets
-from tuiwatch.ledger.wire import command_line, connect, iter_records
 from tuiwatch.publisher.checkpoints import Checkpoint
+from tuiwatch.wire.protocol import command_line, connect, iter_records
+from tuiwatch.wire.socketdir import list_sockets
 
 from .helpers import finish, ledger_file, load_truth, records, start_training, wait_until
 
@@ -166,7 +166,7 @@ def test_a_run_without_a_run_directory_refuses_a_checkpoint_with_the_reason(sock
     assert watch.socket_path is not None
     sock = connect(watch.socket_path)
     sock.sendall(command_line("checkpoint", 1))
-    wait_until(lambda: bool(watch._commands) or None, what="the command to arrive")
+    wait_until(lambda: watch._commands.pending() or None, what="the command to arrive")
     for _ in watch.batches([torch.ones(1, 2)] * 2):
         pass
     watch.close()
@@ -184,9 +184,9 @@ def test_a_full_disk_refuses_the_checkpoint_and_training_goes_on(tmp_path: Path,
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(100 << 20, 99 << 20, 1 << 20))
     model = torch.nn.Linear(2, 2)
     watch = tuiwatch.Watch(model, torch.optim.SGD(model.parameters(), lr=0.1), run_dir=tmp_path, system=False)
-    from tuiwatch.ledger.wire import Command
+    from tuiwatch.wire.protocol import Command
 
-    assert watch._on_command(Command("checkpoint", 1)) is None
+    assert watch._commands.on_command(Command("checkpoint", 1)) is None
     steps = 0
     for _ in watch.batches([torch.ones(1, 2)] * 3):
         steps += 1

@@ -24,10 +24,10 @@ from torch.utils.data import DataLoader, Dataset
 import tuiwatch
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.writer import FileLedger
-from tuiwatch.publisher import nvml
+from tuiwatch.publisher.background import nvml
+from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.deferred import PendingCopy, PendingDuration, is_ready, resolve
-from tuiwatch.publisher.pipeline import Pipeline
-from tuiwatch.publisher.steps import StepState
+from tuiwatch.publisher.pending import StepState
 from tuiwatch.viewer.panes.memory import MemoryPane, _bar, _used_of, device_total
 from tuiwatch.viewer.sources import FileSource
 

@@ -110,8 +110,10 @@ def test_seed_everything_seeds_python_numpy_torch_and_workers(tmp_path: Path, so
     watch = tuiwatch.Watch(model, run_dir=tmp_path, system=False)
     watch.close()
     assert watch.run_record["seed"] == 123
-    assert watch.run_record["seeding"]["numpy"] is True
-    assert watch.run_record["seeding"]["deterministic"] is False
+    seeding = watch.run_record["seeding"]
+    assert seeding is not None
+    assert seeding["numpy"] is True
+    assert seeding["deterministic"] is False
 
 
 def test_deterministic_mode_turns_on_deterministic_algorithms_and_says_so(capsys: pytest.CaptureFixture[str]):

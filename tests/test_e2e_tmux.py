@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tuiwatch.analysis.format import number
 from tuiwatch.ledger.reader import read_ledger
-from tuiwatch.viewer.render.text import number
 
 from .helpers import wait_until
 from .tmux_helpers import HEADER, capture

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -16,6 +16,7 @@ from tuiwatch.demo.faults.common import Outcome
 from tuiwatch.demo.healthy import VARIANTS
 from tuiwatch.demo.matrix import HEALTHY_STEPS, SEEDS, healthy_row
 from tuiwatch.demo.training import MODELS
+from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.dumps import Dump
 
 # fault → (steps to run, the step the fault begins (None: when the planted sample is drawn), most steps to detect)
@@ -36,7 +37,7 @@ EXPECTED: dict[str, tuple[int, int | None, int]] = {
 }
 
 
-def run(name: str, run_root: Path) -> tuple[Outcome, list[dict[str, Any]]]:
+def run(name: str, run_root: Path) -> tuple[Outcome, list[Record]]:
     outcome = scenario(name).run(steps=EXPECTED[name][0], run_dir=run_root)
     return outcome, list(tuiwatch.read_ledger(outcome.watch.run_dir or ""))
 
@@ -47,11 +48,11 @@ def dump_at(path: str | Path) -> Dump:
     return dump
 
 
-def alerts(ledger: list[dict[str, Any]], rule: str) -> list[dict[str, Any]]:
+def alerts(ledger: Sequence[Record], rule: str) -> list[Record]:
     return [r for r in ledger if r["kind"] == "alert" and r["rule"] == rule and r["severity"] != "info"]
 
 
-def first_step_with(ledger: list[dict[str, Any]], sample: int) -> int:
+def first_step_with(ledger: list[Record], sample: int) -> int:
     return int(next(r["step"] for r in ledger if r["kind"] == "step" and sample in (r["batch_ids"] or [])))
 
 

@@ -9,13 +9,13 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tuiwatch.analysis.report import as_text, summarize
 from tuiwatch.ledger.codec import DecodeError, decode
 from tuiwatch.ledger.records import KINDS
-from tuiwatch.ledger.wire import MAX_LINE_BYTES, Command, LineSplitter, ProtocolError, parse_command
-from tuiwatch.report import as_text, summarize
 from tuiwatch.rules import Diagnosis
 from tuiwatch.viewer.panes.memory import _bar, _cpu_line, _gpu_line, device_total
 from tuiwatch.viewer.state import MAX_ALERTS, MAX_METRICS, RunState
+from tuiwatch.wire.protocol import MAX_LINE_BYTES, Command, LineSplitter, ProtocolError, parse_command
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

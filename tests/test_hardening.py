@@ -9,12 +9,12 @@ import socket
 import time
 from pathlib import Path
 
+from tuiwatch.analysis.report import as_text, summarize
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import read_ledger
-from tuiwatch.ledger.socketdir import list_sockets
-from tuiwatch.ledger.wire import connect, iter_records
 from tuiwatch.ledger.writer import FileLedger
-from tuiwatch.report import as_text, summarize
+from tuiwatch.wire.protocol import connect, iter_records
+from tuiwatch.wire.socketdir import list_sockets
 
 from .helpers import count_steps, finish, ledger_file, records, start_training, wait_for_ledger, wait_until
 

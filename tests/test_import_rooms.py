@@ -29,7 +29,14 @@ def loaded_after(imports: list[str], extra: str = "") -> set[str]:
 
 @pytest.mark.parametrize(
     "module",
-    ["tuiwatch", "tuiwatch.ledger", "tuiwatch.ledger.wire", "tuiwatch.runs", "tuiwatch.cli.main", "tuiwatch.errors"],
+    [
+        "tuiwatch",
+        "tuiwatch.ledger",
+        "tuiwatch.wire.protocol",
+        "tuiwatch.wire.discovery",
+        "tuiwatch.cli.main",
+        "tuiwatch.errors",
+    ],
 )
 def test_pure_rooms_load_neither_torch_nor_textual(module: str):
     assert loaded_after([module]) == set()
@@ -41,7 +48,7 @@ def test_public_names_resolve_lazily():
 
 def test_the_publisher_loads_torch_but_never_textual():
     assert loaded_after(["tuiwatch.publisher.watch"]) == {"torch"}
-    assert loaded_after(["tuiwatch.publisher.nvml", "tuiwatch.cli.doctor"]) == set()
+    assert loaded_after(["tuiwatch.publisher.background.nvml", "tuiwatch.cli.doctor"]) == set()
     assert loaded_after(["tuiwatch.publisher.dumps", "tuiwatch.microscope.first_nonfinite"]) == {"torch"}
 
 
@@ -50,7 +57,9 @@ def test_ls_help_does_not_import_torch():
 
 
 def test_the_viewer_loads_textual_but_never_torch():
-    assert loaded_after(["tuiwatch.viewer.app", "tuiwatch.cli.attach", "tuiwatch.viewer.picker"]) == {"textual"}
+    assert loaded_after(["tuiwatch.viewer.app", "tuiwatch.cli.attach", "tuiwatch.viewer.screens.run_picker"]) == {
+        "textual"
+    }
 
 
 def test_attach_help_does_not_import_torch():
@@ -65,4 +74,4 @@ except SystemExit:
 
 
 def test_the_pure_viewer_parts_load_neither():
-    assert loaded_after(["tuiwatch.viewer.state", "tuiwatch.viewer.render.chart", "tuiwatch.report"]) == set()
+    assert loaded_after(["tuiwatch.viewer.state", "tuiwatch.viewer.render.chart", "tuiwatch.analysis.report"]) == set()

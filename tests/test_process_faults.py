@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 
 from tuiwatch.ledger.reader import read_ledger
-from tuiwatch.ledger.socketdir import list_sockets
+from tuiwatch.wire.socketdir import list_sockets
 
 from .helpers import count_steps, finish, ledger_file, load_truth, records, start_training, wait_for_ledger, wait_until
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.records import Record
 from tuiwatch.rules import REGISTRY, Diagnosis, thresholds
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
@@ -22,7 +24,7 @@ def step(i: int, **fields: Any) -> dict[str, Any]:
     return record
 
 
-def fired(records: list[dict[str, Any]], rule: str | None = None) -> list[tuple[str, int, str]]:
+def fired(records: Sequence[Record], rule: str | None = None) -> list[tuple[str, int | None, str]]:
     alerts = Diagnosis([rule] if rule else None).run(records)
     return [(a["rule"], a["step"], a["severity"]) for a in alerts]
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from tuiwatch.ledger.codec import decode, encode
-from tuiwatch.ledger.socketdir import list_sockets
-from tuiwatch.ledger.wire import MAX_LINE_BYTES, LineSplitter, connect, iter_records
+from tuiwatch.wire.protocol import MAX_LINE_BYTES, LineSplitter, connect, iter_records
+from tuiwatch.wire.socketdir import list_sockets
 
 from .helpers import count_steps, finish, ledger_file, records, start_training, wait_for_ledger, wait_until
 

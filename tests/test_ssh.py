@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tuiwatch.remote import choose_remote_run, parse_remote
 from tuiwatch.viewer.sources import CommandSource
+from tuiwatch.wire.discovery import choose_remote_run, parse_remote
 
 from .helpers import env_for, finish, start_training, wait_until
 from .ssh_helpers import Sshd

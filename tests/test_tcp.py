@@ -18,7 +18,9 @@ from torch import nn
 
 import tuiwatch
 from tuiwatch.errors import TuiwatchError
-from tuiwatch.ledger.tcp import (
+from tuiwatch.viewer.sources import TcpSource
+from tuiwatch.wire.protocol import command_line, iter_records
+from tuiwatch.wire.tcp import (
     AUTH_TIMEOUT_S,
     TcpTarget,
     check_tcp_target,
@@ -28,8 +30,6 @@ from tuiwatch.ledger.tcp import (
     tcp_target,
     token_line,
 )
-from tuiwatch.ledger.wire import command_line, iter_records
-from tuiwatch.viewer.sources import TcpSource
 
 from .helpers import env_for, finish, ledger_file, records, start_training, wait_until
 from .viewer_helpers import RecordingApp, until

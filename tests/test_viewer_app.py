@@ -8,17 +8,17 @@ from pathlib import Path
 
 import orjson
 
+from tuiwatch.analysis.format import number
 from tuiwatch.ledger.reader import read_ledger
-from tuiwatch.ledger.socketdir import list_sockets
-from tuiwatch.runs import find_socket_by_name
 from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import Pane
 from tuiwatch.viewer.panes.memory import MemoryPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
-from tuiwatch.viewer.render.text import number
 from tuiwatch.viewer.sources import FileSource, SocketSource
 from tuiwatch.viewer.widgets import ConfirmStop, HeaderBar, HelpScreen
+from tuiwatch.wire.discovery import find_socket_by_name
+from tuiwatch.wire.socketdir import list_sockets
 
 from .helpers import finish, start_training, wait_until
 from .viewer_helpers import FIXED_NOW, RecordingApp, plain, until

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from tuiwatch.analysis.format import duration, number, safe, size
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.viewer.render.chart import render_text
-from tuiwatch.viewer.render.text import duration, number, safe, size
-from tuiwatch.viewer.series import Series
+from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.state import RunState
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import orjson
 
-from tuiwatch.runs import LiveRun, resolve_target
-from tuiwatch.viewer.picker import RunPicker
+from tuiwatch.viewer.screens.run_picker import RunPicker
 from tuiwatch.viewer.sources import CommandSource, FileSource
+from tuiwatch.wire.discovery import LiveRun, resolve_target
 
 from .helpers import finish, start_training, wait_until
 from .viewer_helpers import FIXED_NOW, RecordingApp, until

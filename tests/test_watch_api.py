@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -13,9 +12,10 @@ from torch import nn
 
 import tuiwatch
 from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.records import Record
 from tuiwatch.ledger.writer import FileLedger
-from tuiwatch.publisher import steps as steps_module
-from tuiwatch.publisher.pipeline import Pipeline
+from tuiwatch.publisher import pending as steps_module
+from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.watch import Watch
 
 from .helpers import records
@@ -32,7 +32,7 @@ def _data(n: int = 8) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(n)]
 
 
-def _ledger(watch: Watch) -> list[dict[str, Any]]:
+def _ledger(watch: Watch) -> list[Record]:
     assert watch.ledger_path is not None
     return records(watch.ledger_path)
 
@@ -231,7 +231,7 @@ def test_close_is_bounded_with_a_stalled_viewer(run_root: Path, socket_dir: Path
 
 
 def test_without_a_run_dir_the_stream_still_works(socket_dir: Path):
-    from tuiwatch.ledger.wire import connect, iter_records
+    from tuiwatch.wire.protocol import connect, iter_records
 
     model, opt = _mlp()
     watch = Watch(model, opt, run_dir=None)

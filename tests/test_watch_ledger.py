@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tuiwatch.ledger.records import FINITE_BOUNDARIES, RUN_FIELDS, STEP_FIELDS, SYSTEM_FIELDS
-from tuiwatch.ledger.socketdir import list_sockets
+from tuiwatch.wire.socketdir import list_sockets
 
 from .helpers import finish, ledger_file, load_truth, records, start_training
 

@@ -44,9 +44,8 @@ def add_remote_options(p: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tuiwatch.errors import TuiwatchError
-    from tuiwatch.ledger.tcp import check_tcp_target, tcp_target
-    from tuiwatch.remote import choose_remote_run, parse_remote
-    from tuiwatch.runs import LiveRun, find_socket_by_name, resolve_target
+    from tuiwatch.wire.discovery import LiveRun, choose_remote_run, find_socket_by_name, parse_remote, resolve_target
+    from tuiwatch.wire.tcp import check_tcp_target, tcp_target
 
     over_tcp = tcp_target(args.target, args.token_file)
     if over_tcp is not None:
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     found = resolve_target(args.target)
     if isinstance(found, list):
-        from tuiwatch.viewer.picker import pick_run
+        from tuiwatch.viewer.screens.run_picker import pick_run
 
         choice = pick_run(found)
         if choice is None:

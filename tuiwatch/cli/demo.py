@@ -104,9 +104,9 @@ def _train_with_fault(args: argparse.Namespace) -> int:
 
 
 def _train_and_view(args: argparse.Namespace) -> int:
-    from tuiwatch.ledger.socketdir import list_sockets, socket_dir
     from tuiwatch.viewer.app import TuiwatchApp
     from tuiwatch.viewer.sources import SocketSource
+    from tuiwatch.wire.socketdir import list_sockets, socket_dir
 
     argv = [sys.executable, "-m", "tuiwatch", "demo", "--no-viewer", "--model", args.model]
     argv += ["--steps", str(args.steps), "--delay", str(args.delay), "--seed", str(args.seed)]

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from tuiwatch.diff import FIELDS, first_difference
+from tuiwatch.analysis.diff import FIELDS, first_difference
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.reader import read_ledger
 

@@ -45,7 +45,7 @@ def _torch() -> tuple[str, str, str]:
 
 
 def _nvml() -> tuple[str, str, str]:
-    from tuiwatch.publisher import nvml
+    from tuiwatch.publisher.background import nvml
 
     gpus, error = nvml.sample_gpus()
     if error is not None:
@@ -60,7 +60,7 @@ def _nvml() -> tuple[str, str, str]:
 
 def _socket_dir() -> tuple[str, str, str]:
     from tuiwatch.errors import TuiwatchError
-    from tuiwatch.ledger.socketdir import ensure_socket_dir, socket_dir
+    from tuiwatch.wire.socketdir import ensure_socket_dir, socket_dir
 
     path = socket_dir()
     try:

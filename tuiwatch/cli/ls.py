@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from tuiwatch.runs import as_dicts, list_live_runs
+from tuiwatch.wire.discovery import as_dicts, list_live_runs
 
 
 def add_parser(sub: Any) -> None:
@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tuiwatch.errors import TuiwatchError
-    from tuiwatch.remote import list_remote_runs, parse_remote
+    from tuiwatch.wire.discovery import list_remote_runs, parse_remote
 
     if args.host is not None:
         remote = parse_remote(args.host if args.host.endswith(":") else f"{args.host}:", args.ssh, args.remote_tuiwatch)

@@ -23,8 +23,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuiwatch.ledger.wire import connect
-    from tuiwatch.runs import LiveRun, resolve_target
+    from tuiwatch.wire.discovery import LiveRun, resolve_target
+    from tuiwatch.wire.protocol import connect
 
     found = resolve_target(args.target)
     if isinstance(found, list):

@@ -21,8 +21,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tuiwatch.analysis.report import as_text, summarize
     from tuiwatch.ledger.reader import read_ledger
-    from tuiwatch.report import as_text, summarize
 
     reader = read_ledger(args.path)
     records = list(reader)

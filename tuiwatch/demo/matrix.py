@@ -7,6 +7,7 @@ table is always a measurement, not a claim.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ class Row:
         return next((step for r, step, _ in self.alerts if r == rule), None)
 
 
-def _alerts(ledger: list[Record]) -> list[tuple[str, int | None, str]]:
+def _alerts(ledger: Sequence[Record]) -> list[tuple[str, int | None, str]]:
     return [(str(r["rule"]), r.get("step"), str(r["severity"])) for r in ledger
             if r.get("kind") == "alert" and r.get("severity") != "info"]  # fmt: skip
 

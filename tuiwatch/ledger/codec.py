@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.records import Decoded, Record
 
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _METRIC_KINDS = ("step", "eval")
@@ -68,7 +68,7 @@ def _restore_nonfinite(value: Any) -> Any:
     return value
 
 
-def decode(line: bytes | str) -> Record:
+def decode(line: bytes | str) -> Decoded:
     """Parse one line into a record; raise :class:`DecodeError` if it is not a JSON object."""
     try:
         obj = orjson.loads(line)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import DecodeError, decode
-from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.records import Decoded
 
 LEDGER_NAME = "ledger.jsonl"
 
@@ -35,7 +35,7 @@ class LedgerReader:
         self.skipped = 0
         self.torn_tail = False
 
-    def __iter__(self) -> Iterator[Record]:
+    def __iter__(self) -> Iterator[Decoded]:
         self.skipped = 0
         self.torn_tail = False
         with open(self.path, "rb") as f:
@@ -59,7 +59,7 @@ def read_ledger(path: str | Path) -> LedgerReader:
     return LedgerReader(path)
 
 
-def tail_records(path: str | Path, max_bytes: int = 256 * 1024) -> list[Record]:
+def tail_records(path: str | Path, max_bytes: int = 256 * 1024) -> list[Decoded]:
     """The complete records in the last ``max_bytes`` of a ledger, oldest first."""
     p = ledger_path(path)
     with open(p, "rb") as f:

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from tuiwatch._version import __version__
+from tuiwatch.analysis.format import size
 from tuiwatch.errors import TuiwatchError
+from tuiwatch.publisher.atomic import move_into_place
 
 FORMAT = 1
 # Room kept free beyond the checkpoint's own size, so that a checkpoint never fills the disk to the last byte.
@@ -95,14 +97,6 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
 def write_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> tuple[Path, int]:
     """Write ``state`` as ``directory/step-<step>.pt`` atomically; (path, bytes) or :class:`CheckpointError`."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -112,8 +106,8 @@ def write_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> tuple
     free = shutil.disk_usage(directory).free
     if free < need + SPARE_BYTES:
         raise CheckpointError(
-            f"not enough space in {directory}: the checkpoint needs about {_size(need)} and "
-            f"{_size(free)} is free (tuiwatch keeps {_size(SPARE_BYTES)} spare); free space or move run_dir"
+            f"not enough space in {directory}: the checkpoint needs about {size(need)} and "
+            f"{size(free)} is free (tuiwatch keeps {size(SPARE_BYTES)} spare); free space or move run_dir"
         )
     final = directory / f"step-{step}.pt"
     tmp = directory / f".tmp-{final.name}-{os.getpid()}"
@@ -122,12 +116,7 @@ def write_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> tuple
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-        os.rename(tmp, final)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself survives a power cut
-        finally:
-            os.close(fd)
+        move_into_place(tmp, final)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise CheckpointError(

@@ -12,7 +12,7 @@ import threading
 from collections import deque
 
 from tuiwatch.errors import TuiwatchError
-from tuiwatch.ledger.wire import Command
+from tuiwatch.wire.protocol import Command
 
 SEEN_IDS = 4096
 

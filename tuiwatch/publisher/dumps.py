@@ -22,10 +22,11 @@ import platform
 import shutil
 import socket
 import sys
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -33,10 +34,43 @@ from tuiwatch._version import __version__
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import read_ledger
-from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.records import AlertRecord, Record
+from tuiwatch.publisher.atomic import fsync_path, move_into_place
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 
 DUMP_REASONS = ("nonfinite", "oom", "loss-spike")
+
+# Batches kept (by reference, no copy) so that a dump written a few steps after
+# its step, on the publisher thread, still has the tensors: at most this many,
+# and no more bytes than the budget (always the latest one).
+RECENT_BATCHES = 32
+RECENT_BATCH_BYTES = 64 << 20
+
+
+class KeptBatch(NamedTuple):
+    step: int
+    batch: Any
+    ids: list[int] | None
+    nbytes: int
+
+
+class RecentBatches:
+    """The last batches by reference. Written by the training thread, read by the publisher thread's dumps."""
+
+    def __init__(self, count: int = RECENT_BATCHES, max_bytes: int = RECENT_BATCH_BYTES):
+        self.count, self.max_bytes = count, max_bytes
+        self._kept: deque[KeptBatch] = deque()
+        self._bytes = 0
+
+    def keep(self, kept: KeptBatch) -> None:
+        self._kept.append(kept)
+        self._bytes += kept.nbytes
+        while len(self._kept) > 1 and (len(self._kept) > self.count or self._bytes > self.max_bytes):
+            self._bytes -= self._kept.popleft().nbytes
+
+    def find(self, step: int) -> KeptBatch | None:
+        # list() copies the deque in one call, which the GIL makes safe against the training thread's appends.
+        return next((k for k in list(self._kept) if k.step == step), None)
 
 
 @dataclass
@@ -156,9 +190,8 @@ def write_dump(
                 "env": environment(seed), "files": sorted(files)}  # fmt: skip
         (tmp / "dump.json").write_text(json.dumps(meta, indent=1, default=repr))
         for name in files:
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
-        os.rename(tmp, final)
+            fsync_path(tmp / name)
+        move_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -202,3 +235,56 @@ def load_dump(path: str | os.PathLike[str]) -> Dump | Checkpoint:
         cuda_memory=memory.read_text() if memory.is_file() else None,
         files=files,
     )
+
+
+class DumpWriter:
+    """Writes the dumps that alerts call for (publisher thread) and those a viewer asks for (training thread).
+
+    The training thread hands it two things, each before the moment the
+    publisher thread needs it: the batches it keeps (:class:`RecentBatches`,
+    by reference) and, at a non-finite stop, the last healthy weights
+    (:meth:`hold_weights`, just before it waits in ``Pipeline.sync``). After
+    that wait, :meth:`written` says where the dump went.
+    """
+
+    def __init__(self, run_dir: Path | None, seed: int | None, recent: RecentBatches):
+        self.run_dir = run_dir
+        self.seed = seed
+        self.recent = recent
+        self._weights: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._last: tuple[int, str, str] | None = None  # (step, reason, path) of the last alert's dump
+
+    def hold_weights(self, step: int, weights: dict[str, torch.Tensor]) -> None:
+        self._weights = (step, weights)
+        self._last = None
+
+    def written(self, step: int, reason: str) -> str | None:
+        last = self._last
+        return last[2] if last is not None and last[:2] == (step, reason) else None
+
+    def on_alert(self, found: AlertRecord, records: list[Record]) -> str | None:
+        """Publisher thread: the dump an alert calls for, written; its path, or None if it calls for none."""
+        reason, step = found["rule"], found["step"]
+        if reason not in DUMP_REASONS or self.run_dir is None or step is None:
+            return None
+        kept = self.recent.find(step)
+        batch, ids = (kept.batch, kept.ids) if kept is not None else (None, None)
+        if ids is None:
+            ids = next((r.get("batch_ids") for r in reversed(records) if r.get("kind") == "step"
+                        and r.get("step") == step), None)  # fmt: skip
+        held = self._weights
+        weights = held[1] if held is not None and held[0] == step and reason == "nonfinite" else None
+        path = str(write_dump(self.run_dir, step=step, reason=reason, alert=found, batch=batch, batch_ids=ids,
+                              records=records, seed=self.seed, weights=weights))  # fmt: skip
+        self._last = (step, reason, path)
+        return path
+
+    def on_request(self, reason: str, last: KeptBatch | None, step: int, records: list[Record]) -> str:
+        """Training thread, at a step boundary: a dump of the current batch for a viewer's ``c`` or ``d``."""
+        assert self.run_dir is not None
+        if last is not None:
+            step = last.step
+        path = write_dump(self.run_dir, step=step, reason=reason, alert=None,
+                          batch=last.batch if last else None, batch_ids=last.ids if last else None,
+                          records=records, seed=self.seed)  # fmt: skip
+        return str(path)

@@ -1,134 +1,93 @@
-"""What the training thread collects during one step, turned into a record later.
+"""``StepTracker``: the training thread's count of steps; opens one at each boundary, hands it on when it ends.
 
-The training thread sets a few attributes on a fresh :class:`StepState`;
-everything that costs (resolving device values, finiteness, rates, the dict
-itself) happens in :meth:`build` on the pipeline thread.
+Every part of a Watch that adds to a step (the loader wrapper, the hooks,
+``log``, the failure handlers) goes through one tracker, so there is one step
+number, one current step and one place that decides whether a step is
+recorded (``every``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
-from tuiwatch.ledger.records import Record
-from tuiwatch.publisher.deferred import is_ready, resolve
-from tuiwatch.publisher.measure import BatchInfo
+import torch
+
+from tuiwatch.publisher.background.pipeline import Pipeline
+from tuiwatch.publisher.deferred import PendingDuration, defer, device_mark
+from tuiwatch.publisher.dumps import KeptBatch, RecentBatches
+from tuiwatch.publisher.pending import DeviceMemory, EvalState, StepState
 
 
-def _is_finite(value: Any) -> bool | None:
-    if value is None:
-        return None
-    if isinstance(value, list):
-        return all(math.isfinite(v) for v in value)
-    return math.isfinite(value)
+class StepTracker:
+    def __init__(self, pipeline: Pipeline, model: torch.nn.Module, device: torch.device, every: int):
+        self.pipeline = pipeline
+        self.model = model
+        self.every = every
+        self.cuda_index = device.index if device.type == "cuda" else None
+        self.off = False  # closed, or a forked child: nothing is recorded any more
+        self.step = 0  # steps opened so far: the number the next step gets
+        self.epoch = -1
+        self.opt_steps = 0
+        self.batch_index = 0  # batches drawn in the current epoch: the data position of a checkpoint
+        self.cur: StepState | None = None
+        self.eval: EvalState | None = None
+        self.last_boundary = time.perf_counter()
+        self.last_batch: KeptBatch | None = None  # what a dump on request saves
+        self.recent = RecentBatches()
 
+    def measured(self, s: StepState) -> bool:
+        """Whether ``s`` is one of the steps ``every`` records."""
+        return s.step % self.every == 0
 
-class StepState:
-    # Class-level defaults: a step only pays for the attributes it sets.
-    epoch = 0
-    batch: BatchInfo | None = None
-    batch_ids: list[int] | None = None
-    data_wait_s: float | None = None
-    compute_s: Any = None  # seconds, or a PendingDuration between two CUDA events
-    device_start: Any = None  # the CUDA event recorded when the step began
-    grad_norm: Any = None
-    clip_max_norm: float | None = None
-    param_norm: Any = None
-    update_norm: Any = None
-    lr: list[Any] | None = None
-    opt_step: int | None = None
-    opt_skipped = False
-    forward_probe: Any = None
-    training: bool | None = None
-    mem: tuple[int, int, int] | None = None
-    oom: dict[str, Any] | None = None
-    classes: int | None = None
-    step_forced = False  # recorded although ``every`` would skip it (an OOM)
-    t_end = 0.0
+    def open(self, start: float, *, at_boundary: bool = False) -> StepState:
+        s = StepState(self.step, start)
+        if at_boundary and self.cuda_index is not None and not s.step % self.every:
+            s.device_start = device_mark()
+        self.step += 1
+        self.cur = s
+        self.last_boundary = start
+        return s
 
-    def __init__(self, step: int, started: float):
-        self.step = step
-        self.started = started
-        self.metrics: dict[str, Any] = {}
+    def current(self) -> StepState:
+        """The open step; a loop that logs before its first boundary gets one opened for it."""
+        return self.cur or self.open(self.last_boundary)
 
-    def deferred(self) -> list[Any]:
-        values = [self.compute_s, self.grad_norm, self.param_norm, self.update_norm, self.forward_probe]
-        values += self.metrics.values()
-        if self.batch is not None:
-            values += [self.batch.finite_probe, self.batch.tokens]
-        if self.lr:
-            values += self.lr
-        return values
+    def keep_batch(self, s: StepState, batch: Any, ids: list[int] | None) -> None:
+        kept = KeptBatch(s.step, batch, ids, s.batch.nbytes if s.batch is not None else 0)
+        self.last_batch = kept
+        if s.batch is not None:
+            self.recent.keep(kept)
 
-    def ready(self) -> bool:
-        return all(is_ready(v) for v in self.deferred())
+    def end(self, now: float) -> None:
+        """Close the open step, if any, and put it in the pipeline's buffer (the one thing done at a boundary)."""
+        s = self.cur
+        if s is None:
+            return
+        self.cur = None
+        self.last_boundary = now
+        if s.step % self.every and not s.step_forced:
+            return
+        if s.batch is None and not s.metrics and s.grad_norm is None and s.opt_step is None:
+            return  # an empty step (a boundary with nothing in it) is not a step
+        s.compute_s = now - s.started
+        if s.device_start is not None:
+            s.compute_s = PendingDuration(s.device_start, device_mark(), s.compute_s)
+        s.training = self.model.training
+        s.t_end = time.time()
+        index = self.cuda_index
+        if index is not None:
+            s.mem = DeviceMemory(
+                torch.cuda.memory_allocated(index),
+                torch.cuda.memory_reserved(index),
+                torch.cuda.max_memory_allocated(index),
+            )
+            torch.cuda.reset_peak_memory_stats(index)
+        # Still a tensor only when clipped through watch.clip_grad_norm_ without an optimizer step.
+        if isinstance(s.grad_norm, torch.Tensor):
+            s.grad_norm = defer(s.grad_norm)
+        self.pipeline.put(s)
 
-    def build(self) -> Record:
-        record: Record = {"kind": "step", "t": self.t_end or time.time(), "step": self.step, "epoch": self.epoch}
-        for name, value in self.metrics.items():
-            record[name] = resolve(value)
-        grad_norm = resolve(self.grad_norm)
-        batch = self.batch
-        batch_size = batch.size if batch is not None else None
-        compute_s = resolve(self.compute_s)
-        total_s = (self.data_wait_s or 0.0) + (compute_s or 0.0)
-        mem = self.mem
-        forward_probe = resolve(self.forward_probe)
-        batch_probe = resolve(batch.finite_probe) if batch is not None else None
-        param_norm = resolve(self.param_norm)
-        record.update(
-            lr=resolve(self.lr),
-            grad_norm=grad_norm,
-            grad_norm_clipped=(
-                None
-                if self.clip_max_norm is None or grad_norm is None
-                else bool(grad_norm > self.clip_max_norm or not math.isfinite(grad_norm))
-            ),
-            param_norm=param_norm,
-            update_norm=resolve(self.update_norm),
-            opt_step=self.opt_step,
-            batch_ids=self.batch_ids,
-            batch_shape=batch.shape if batch is not None else None,
-            tokens=resolve(batch.tokens) if batch is not None else None,
-            data_wait_s=self.data_wait_s,
-            compute_s=compute_s,
-            examples_per_s=batch_size / total_s if batch_size and total_s > 0 else None,
-            mem_allocated=mem[0] if mem else None,
-            mem_reserved=mem[1] if mem else None,
-            mem_peak=mem[2] if mem else None,
-            finite={
-                "batch": True if batch is not None and batch_probe is None else _is_finite(batch_probe),
-                "forward": _is_finite(forward_probe),
-                "loss": _is_finite(record.get("loss")),
-                "grad": _is_finite(grad_norm),
-                "param": _is_finite(param_norm),
-            },
-            training=self.training,
-        )
-        if self.opt_skipped:
-            record["opt_skipped"] = True
-        if self.oom is not None:
-            record["oom"] = self.oom
-        if self.classes is not None:
-            record["classes"] = self.classes
-        return record
-
-
-class EvalState:
-    def __init__(self, step: int, epoch: int):
-        self.step = step
-        self.epoch = epoch
-        self.metrics: dict[str, Any] = {}
-        self.training: bool | None = None
-        self.t_end = 0.0
-
-    def ready(self) -> bool:
-        return all(is_ready(v) for v in self.metrics.values())
-
-    def build(self) -> Record:
-        record: Record = {"kind": "eval", "t": self.t_end or time.time(), "step": self.step, "epoch": self.epoch}
-        for name, value in self.metrics.items():
-            record[name] = resolve(value)
-        record["training"] = self.training
-        return record
+    def last_step_number(self) -> int | None:
+        """The step the run is at for a command's reply: the last one opened."""
+        return self.step - 1 if self.step else None

@@ -11,12 +11,14 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.records import AlertRecord, Record
 from tuiwatch.rules.base import Rule
-from tuiwatch.rules.learning import LossChance, LossSpike, NoUpdate, Overfit
-from tuiwatch.rules.numeric import GradExplosion, GradZero, LossFrozen, NonFinite
+from tuiwatch.rules.gradients import GradExplosion, GradZero
+from tuiwatch.rules.loop import DataBound, EvalMode
+from tuiwatch.rules.loss import LossChance, LossFrozen, LossSpike, Overfit
+from tuiwatch.rules.optimizer import LrZero, NoUpdate
 from tuiwatch.rules.resources import MemoryGrowth, Oom, Straggler
-from tuiwatch.rules.schedule import DataBound, EvalMode, LrZero
+from tuiwatch.rules.values import NonFinite
 
 # Rule id → factory. Ids are public (SPEC §6); each factory takes its thresholds as keywords.
 # Listed in the order of the chain data → model → loss → gradients → optimizer → parameters, then the machine.
@@ -82,7 +84,7 @@ class Diagnosis:
     def __init__(self, rules: RulesConfig | None = None):
         self.rules = build_rules(rules)
 
-    def feed(self, record: Record) -> list[Record]:
+    def feed(self, record: Record) -> list[AlertRecord]:
         kind = record.get("kind")
         out = []
         for rule in self.rules:
@@ -92,7 +94,7 @@ class Diagnosis:
                     out.append(found)
         return out
 
-    def run(self, records: Iterable[Record]) -> list[Record]:
+    def run(self, records: Iterable[Record]) -> list[AlertRecord]:
         return [a for r in records if r.get("kind") != "alert" for a in self.feed(r)]
 
 

@@ -2,30 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
-from tuiwatch.ledger.records import Record
-
-
-def number(value: Any) -> float | None:
-    """A record field as a float, or None when it is missing or not a number (bools are not numbers)."""
-    return float(value) if type(value) in (int, float) else None
-
-
-def alert(
-    rule: str, severity: str, step: int | None, message: str, evidence: dict[str, Any], next_check: str
-) -> Record:
-    return {
-        "kind": "alert",
-        "t": time.time(),
-        "rule": rule,
-        "severity": severity,
-        "step": step,
-        "message": message,
-        "evidence": evidence,
-        "next_check": next_check,
-    }
+from tuiwatch.ledger.records import AlertRecord, Record, alert_record
 
 
 class Rule:
@@ -47,20 +24,20 @@ class Rule:
         self.active = False
         self.calm = 0
 
-    def check(self, record: Record) -> Record | None:
+    def check(self, record: Record) -> AlertRecord | None:
         raise NotImplementedError
 
     def clears(self, record: Record) -> bool:
         """Whether this record ends an active episode (default: the condition no longer holds)."""
         return self.check(record) is None
 
-    def observe(self, record: Record) -> Record | None:
+    def observe(self, record: Record) -> AlertRecord | None:
         if self.active:
             self.calm = self.calm + 1 if self.clears(record) else 0
             if self.calm >= self.clear_after:
                 self.active = False
                 self.calm = 0
-                return alert(self.id, "info", record.get("step"), f"{self.id} cleared", {}, "")
+                return alert_record(self.id, "info", record.get("step"), f"{self.id} cleared", {}, "")
             return None
         found = self.check(record)
         if found is not None:

@@ -1,12 +1,13 @@
-"""Rules about the machine: memory that only grows, an allocation that failed, a rank that lags."""
+"""The machine: memory that only grows, an allocation that failed, a rank that lags."""
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
 
-from tuiwatch.ledger.records import Record
-from tuiwatch.rules.base import Rule, alert, number
+from tuiwatch.ledger.fields import num
+from tuiwatch.ledger.records import AlertRecord, Record, alert_record
+from tuiwatch.rules.base import Rule
 
 MiB = 1 << 20
 
@@ -36,9 +37,9 @@ class MemoryGrowth(Rule):
         """(series, first-third median, last-third median) when this record completes a growing window."""
         if record.get("kind") == "step":
             self.step = record.get("step")
-            name, value = "mem_allocated", number(record.get("mem_allocated"))
+            name, value = "mem_allocated", num(record.get("mem_allocated"))
         else:
-            name, value = "rss", number(record.get("rss"))
+            name, value = "rss", num(record.get("rss"))
         if value is None:
             return None
         self.seen[name] = self.seen.get(name, 0) + 1
@@ -57,13 +58,13 @@ class MemoryGrowth(Rule):
             return name, first, last
         return None
 
-    def check(self, record: Record) -> Record | None:
+    def check(self, record: Record) -> AlertRecord | None:
         found = self._growth(record)
         if found is None:
             return None
         name, first, last = found
         what = "allocated device memory" if name == "mem_allocated" else "process RSS"
-        return alert(
+        return alert_record(
             self.id, "warning", self.step,
             f"{what} keeps growing: {first / MiB:,.0f} → {last / MiB:,.0f} MiB over the last {self.window} samples",
             {"series": name, "from_bytes": first, "to_bytes": last, "samples": self.window},
@@ -73,7 +74,7 @@ class MemoryGrowth(Rule):
 
     def clears(self, record: Record) -> bool:
         name = "mem_allocated" if record.get("kind") == "step" else "rss"
-        if number(record.get(name)) is None:
+        if num(record.get(name)) is None:
             return False
         return self._growth(record) is None and len(self.series.get(name, ())) == self.window
 
@@ -83,17 +84,17 @@ class Oom(Rule):
 
     id = "oom"
 
-    def check(self, record: Record) -> Record | None:
+    def check(self, record: Record) -> AlertRecord | None:
         oom = record.get("oom")
         if not isinstance(oom, dict):
             return None
         shape, tokens = record.get("batch_shape"), record.get("tokens")
-        allocated, reserved = number(oom.get("mem_allocated")), number(oom.get("mem_reserved"))
+        allocated, reserved = num(oom.get("mem_allocated")), num(oom.get("mem_reserved"))
         memory = "" if allocated is None else f"; {allocated / MiB:,.0f} MiB allocated, "
         memory += "" if reserved is None else f"{reserved / MiB:,.0f} MiB reserved"
-        rss = number(oom.get("rss"))
+        rss = num(oom.get("rss"))
         memory += "" if rss is None else f"; process RSS {rss / MiB:,.0f} MiB"
-        return alert(
+        return alert_record(
             self.id, "critical", record.get("step"),
             f"out of memory at step {record.get('step')} with batch {shape}"
             + (f" ({tokens} tokens)" if tokens is not None else "") + memory,
@@ -123,7 +124,7 @@ class Straggler(Rule):
 
     def _slowest(self, record: Record) -> tuple[int, float, float] | None:
         rank = record.get("rank")
-        wait, compute = number(record.get("data_wait_s")), number(record.get("compute_s"))
+        wait, compute = num(record.get("data_wait_s")), num(record.get("compute_s"))
         if type(rank) is not int or wait is None or compute is None:
             return None
         self.times.setdefault(rank, deque(maxlen=self.window)).append(wait + compute)
@@ -134,12 +135,12 @@ class Straggler(Rule):
         others = statistics.median(v for r, v in ready.items() if r != slow)
         return slow, ready[slow], others
 
-    def check(self, record: Record) -> Record | None:
+    def check(self, record: Record) -> AlertRecord | None:
         found = self._slowest(record)
         if found is None or found[1] <= self.ratio * found[2]:
             return None
         rank, slow, others = found
-        return alert(
+        return alert_record(
             self.id, "warning", record.get("step"),
             f"rank {rank} takes {slow * 1000:.1f} ms a step, "
             f"{slow / others:.1f}x the other ranks ({others * 1000:.1f} ms)",

@@ -14,13 +14,13 @@ from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.widgets import Footer
 
+from tuiwatch.analysis.format import safe
 from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
 from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import WINDOWS, Pane, window_label
 from tuiwatch.viewer.panes.memory import MemoryPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
-from tuiwatch.viewer.render.text import safe
 from tuiwatch.viewer.sources import Source
 from tuiwatch.viewer.state import RunState, describe_action
 from tuiwatch.viewer.widgets import ConfirmStop, HeaderBar, HelpScreen, header_text

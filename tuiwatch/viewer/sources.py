@@ -23,9 +23,9 @@ from textual.message import Message
 from tuiwatch.ledger.codec import DecodeError, decode
 from tuiwatch.ledger.reader import ledger_path
 from tuiwatch.ledger.records import Record
-from tuiwatch.ledger.tcp import TcpTarget, connect_tcp, format_address
-from tuiwatch.ledger.wire import LineSplitter, ProtocolError, command_line
 from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
+from tuiwatch.wire.protocol import LineSplitter, ProtocolError, command_line
+from tuiwatch.wire.tcp import TcpTarget, connect_tcp, format_address
 
 BATCH_S = 0.03
 MAX_LINE = 1 << 20  # a record longer than this is a broken or hostile peer

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from tuiwatch.analysis.format import size
 from tuiwatch.ledger.records import RESERVED_METRIC_NAMES, Record
-from tuiwatch.viewer.render.text import size
-from tuiwatch.viewer.series import Series
+from tuiwatch.viewer.render.series import Series
 
 # Fields of a step record that are not user metrics.
 _STEP_INTERNAL = RESERVED_METRIC_NAMES

@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from tuiwatch.viewer.render.text import duration, safe
+from tuiwatch.analysis.format import duration, safe
 from tuiwatch.viewer.state import RunState
 
 STATUS_STYLE = {

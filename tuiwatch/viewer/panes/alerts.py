@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from tuiwatch.analysis.format import safe
 from tuiwatch.viewer.panes.base import Pane
-from tuiwatch.viewer.render.text import safe
 
 SEVERITY_STYLE = {"critical": "bold white on red", "warning": "bold yellow", "info": "cyan"}
 MAX_MESSAGE = 400

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.widget import Widget
 
 from tuiwatch.viewer.render.chart import LABEL_WIDTH, axis_labels, plot
-from tuiwatch.viewer.series import Series
+from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.state import RunState
 
 WINDOWS: tuple[int | None, ...] = (None, 1000, 100)

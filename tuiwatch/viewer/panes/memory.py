@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from tuiwatch.analysis.format import safe, size
 from tuiwatch.viewer.panes.base import Pane, chart_lines
-from tuiwatch.viewer.render.text import safe, size
 from tuiwatch.viewer.state import is_number
 
 _LABEL = 10  # "allocated " and "reserved  "
@@ -48,7 +49,7 @@ def _used_of(used: Any, total: Any) -> str:
     return f"{used * float(value) / total:.1f}/{value} {unit}"
 
 
-def device_total(run: dict[str, Any], gpus: list[dict[str, Any]] | None) -> float | None:
+def device_total(run: Mapping[str, Any], gpus: list[dict[str, Any]] | None) -> float | None:
     """The run's device memory: from the run record, else NVML's reading of that device."""
     total = run.get("mem_total")
     if _is_number(total) and total > 0:
@@ -73,7 +74,7 @@ def _gpu_line(gpu: dict[str, Any]) -> Text:
     )
 
 
-def _cpu_line(system: dict[str, Any]) -> Text:
+def _cpu_line(system: Mapping[str, Any]) -> Text:
     workers = system.get("workers")
     worker_cpu = system.get("workers_cpu_percent")
     busy = sum(v for v in worker_cpu if _is_number(v)) if isinstance(worker_cpu, list) else None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from tuiwatch.analysis.format import number, seconds_short
 from tuiwatch.viewer.panes.base import Pane, chart_lines
-from tuiwatch.viewer.render.text import number, seconds_short
 
 WAIT_STYLE = "bold red"
 COMPUTE_STYLE = "bold blue"
@@ -44,7 +47,7 @@ class TimingPane(Pane):
         return Group(*rows)
 
 
-def _total(step: dict[str, object]) -> float | None:
+def _total(step: Mapping[str, Any]) -> float | None:
     wait, compute = step.get("data_wait_s"), step.get("compute_s")
     if isinstance(wait, int | float) and isinstance(compute, int | float):
         return wait + compute

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from tuiwatch.analysis.format import number, safe
 from tuiwatch.viewer.panes.base import Pane, chart_lines, window_label
-from tuiwatch.viewer.render.text import number, safe
 
 TRAIN_STYLE = "bold cyan"
 EVAL_STYLE = "bold magenta"

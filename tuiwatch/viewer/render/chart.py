@@ -10,8 +10,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tuiwatch.viewer.render.text import number
-from tuiwatch.viewer.series import Column
+from tuiwatch.analysis.format import number
+from tuiwatch.viewer.render.series import Column
 
 _BRAILLE = 0x2800
 # Dot bits of a braille cell, by (column 0..1, row 0..3) from the top left.

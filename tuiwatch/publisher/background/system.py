@@ -6,8 +6,8 @@ import time
 
 import psutil
 
-from tuiwatch.ledger.records import Record
-from tuiwatch.publisher import nvml
+from tuiwatch.ledger.records import SystemRecord
+from tuiwatch.publisher.background import nvml
 
 
 class SystemSampler:
@@ -22,9 +22,9 @@ class SystemSampler:
     def due(self, now: float) -> bool:
         return now >= self._next
 
-    def sample(self, now: float) -> Record:
+    def sample(self, now: float) -> SystemRecord:
         self._next = now + self.interval_s
-        record: Record = {"kind": "system", "t": time.time()}
+        record: SystemRecord = {"kind": "system", "t": time.time()}
         with self._proc.oneshot():
             record["cpu_percent"] = self._proc.cpu_percent(None)
             record["rss"] = self._proc.memory_info().rss

@@ -1,4 +1,4 @@
-"""Rules about values going wrong: non-finite numbers, exploding or vanishing gradients, a frozen loss."""
+"""The gradients: exploding, or zero / missing."""
 
 from __future__ import annotations
 
@@ -6,36 +6,9 @@ import math
 import statistics
 from collections import deque
 
-from tuiwatch.ledger.records import FINITE_BOUNDARIES, Record
-from tuiwatch.rules.base import Rule, alert, number
-
-
-class NonFinite(Rule):
-    """The first NaN or inf, named by the first boundary of data → model → loss → gradients → parameters."""
-
-    id = "nonfinite"
-
-    def check(self, record: Record) -> Record | None:
-        finite = record.get("finite")
-        if not isinstance(finite, dict):
-            return None
-        failed = [b for b in FINITE_BOUNDARIES if finite.get(b) is False]
-        if not failed:
-            return None
-        boundary = failed[0]
-        loss, norm = record.get("loss"), record.get("grad_norm")
-        ids = record.get("batch_ids")
-        evidence = {"boundary": boundary, "failed": failed, "loss": loss, "grad_norm": norm,
-                    "batch_ids": ids[:64] if isinstance(ids, list) else None}  # fmt: skip
-        return alert(
-            self.id, "critical", record.get("step"),
-            f"first at step {record.get('step')}, boundary={boundary} (loss {loss}, grad norm {norm})",
-            evidence, f"fix the {boundary} boundary: look at that batch's ids and what produces it",
-        )  # fmt: skip
-
-    def clears(self, record: Record) -> bool:
-        finite = record.get("finite")
-        return isinstance(finite, dict) and False not in finite.values()
+from tuiwatch.ledger.fields import num
+from tuiwatch.ledger.records import AlertRecord, Record, alert_record
+from tuiwatch.rules.base import Rule
 
 
 class GradExplosion(Rule):
@@ -49,8 +22,8 @@ class GradExplosion(Rule):
         self.recent: deque[float] = deque(maxlen=window)
         self.ratio, self.huge, self.min_history = ratio, huge, min_history
 
-    def check(self, record: Record) -> Record | None:
-        norm = number(record.get("grad_norm"))
+    def check(self, record: Record) -> AlertRecord | None:
+        norm = num(record.get("grad_norm"))
         if norm is None or not math.isfinite(norm):
             return None
         recent = self.recent
@@ -66,7 +39,7 @@ class GradExplosion(Rule):
         if not jumped and norm < self.huge:
             return None
         last = [*history[-3:], norm]
-        return alert(
+        return alert_record(
             self.id, "warning", record.get("step"),
             f"grad norm {norm:.3g}" + (f" is {norm / median:.0f}x its recent median {median:.3g}" if jumped and median
                                       else " is huge") + f"; last: {' → '.join(f'{v:.3g}' for v in last)}",
@@ -75,7 +48,7 @@ class GradExplosion(Rule):
         )  # fmt: skip
 
     def clears(self, record: Record) -> bool:
-        norm = number(record.get("grad_norm"))
+        norm = num(record.get("grad_norm"))
         if norm is None or not math.isfinite(norm):
             return False
         history = list(self.recent)
@@ -93,14 +66,14 @@ class GradZero(Rule):
         self.steps = steps
         self.run = 0
 
-    def check(self, record: Record) -> Record | None:
+    def check(self, record: Record) -> AlertRecord | None:
         if record.get("opt_step") is None:
             return None
         norm = record.get("grad_norm")
         self.run = self.run + 1 if norm is None or norm == 0 else 0
         if self.run < self.steps:
             return None
-        return alert(
+        return alert_record(
             self.id, "critical", record.get("step"),
             f"gradients are {'missing' if norm is None else 'all zero'} for {self.run} optimizer steps",
             {"grad_norm": norm, "steps": self.run},
@@ -113,36 +86,3 @@ class GradZero(Rule):
             self.run = 0
             return True
         return False
-
-
-class LossFrozen(Rule):
-    """The loss is exactly the same number for many steps in a row."""
-
-    id = "loss-frozen"
-
-    def __init__(self, steps: int = 50):
-        super().__init__()
-        self.steps = steps
-        self.last: float | None = None
-        self.run = 0
-
-    def check(self, record: Record) -> Record | None:
-        loss = number(record.get("loss"))
-        if loss is None:
-            return None
-        self.run = self.run + 1 if loss == self.last else 1
-        self.last = loss
-        if self.run < self.steps:
-            return None
-        return alert(
-            self.id, "warning", record.get("step"), f"loss is {loss!r} for {self.run} steps in a row",
-            {"loss": loss, "steps": self.run}, "the model is not changing: look at the update norm and the lr",
-        )  # fmt: skip
-
-    def clears(self, record: Record) -> bool:
-        loss = number(record.get("loss"))
-        changed = loss is not None and loss != self.last
-        self.last = loss if loss is not None else self.last
-        if changed:
-            self.run = 1
-        return changed

@@ -130,7 +130,7 @@ def remove_stale_sockets(directory: Path) -> list[SocketEntry]:
                 os.unlink(entry.path)
         else:
             live.append(entry)
-    # TCP token files (see tuiwatch.ledger.tcp) of runs that died without closing.
+    # TCP token files (see tuiwatch.wire.tcp) of runs that died without closing.
     for path in directory.glob(f"*.*{TCP_FILE_SUFFIX}"):
         pid = path.name[: -len(TCP_FILE_SUFFIX)].rpartition(".")[2]
         if pid.isdigit() and not _pid_alive(int(pid)):

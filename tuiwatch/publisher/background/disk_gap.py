@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tuiwatch.ledger.codec import encode
-from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.records import GapRecord, Record
 from tuiwatch.ledger.writer import FileLedger
 
 RETRY_S = 1.0
@@ -38,7 +39,7 @@ class DiskGap:
         self._first_t: float | None = None
         self._last_t: float | None = None
 
-    def lost_records(self, records: list[Record]) -> None:
+    def lost_records(self, records: Sequence[Record]) -> None:
         """``records`` reached the viewers but not the file."""
         self.lost += len(records)
         for r in records:
@@ -50,7 +51,7 @@ class DiskGap:
                 self._first_t = float(t) if self._first_t is None else self._first_t
                 self._last_t = float(t)
 
-    def append(self, records: list[Record], data: bytes, *, now: float, retry_now: bool = False) -> None:
+    def append(self, records: Sequence[Record], data: bytes, *, now: float, retry_now: bool = False) -> None:
         """Write ``data`` to the file if it takes it (after a ``gap`` record); else count it as lost."""
         if self.file is None and (retry_now or now >= self._next_try):
             self._next_try = now + self.retry_s
@@ -71,7 +72,7 @@ class DiskGap:
         if head:
             self._reset()
 
-    def _gap_record(self) -> Record:
+    def _gap_record(self) -> GapRecord:
         return {
             "kind": "gap",
             "t": time.time(),

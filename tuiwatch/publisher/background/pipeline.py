@@ -19,18 +19,17 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol, cast
 
-from tuiwatch.ledger.codec import encode
-from tuiwatch.ledger.records import Record
-from tuiwatch.ledger.wire import Command
-from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
-from tuiwatch.publisher.disk_gap import DiskGap
-from tuiwatch.publisher.server import Server
-from tuiwatch.publisher.system import SystemSampler
+from tuiwatch.ledger.records import AlertRecord, EndRecord, PublisherRecord, Record
+from tuiwatch.ledger.writer import LedgerStore
+from tuiwatch.publisher.background.server import Server, TcpListener
+from tuiwatch.publisher.background.sink import LedgerSink
+from tuiwatch.publisher.background.system import SystemSampler
 from tuiwatch.rules import Diagnosis
+from tuiwatch.wire.protocol import Command
 
 
 class PendingRecord(Protocol):
@@ -41,6 +40,17 @@ class PendingRecord(Protocol):
 
 
 Item = Record | PendingRecord
+
+
+class Counters(NamedTuple):
+    """What the ``publisher`` record reports; written when it changes."""
+
+    status: str
+    dropped_records: int
+    dropped_viewers: int
+    refused_peers: int
+    viewers: int
+
 
 # How long a record may wait for its device values before it is written with
 # what is there: longer than any sane step (a run whose GPU step takes 20 s
@@ -65,24 +75,19 @@ class Pipeline:
         system_interval_s: float | None = 1.0,
         cuda_device: int | None = None,
         diagnosis: Diagnosis | None = None,
-        on_alert: Callable[[Record, list[Record]], str | None] | None = None,
     ):
-        self.store = store
-        self.disk_gap: DiskGap | None = None  # the ledger file, after it refused a write
+        self.sink = LedgerSink(store)
         self.capacity = capacity
         self.period_s = period_s
         self.server: Server | None = None
         self.diagnosis = diagnosis
-        # Called here, on this thread, for each alert with the records so far;
-        # a returned path (a dump) joins the alert's evidence.
-        self.on_alert = on_alert
+        self.on_alert: Callable[[AlertRecord, list[Record]], str | None] | None = None
         self.recent: deque[Record] = deque(maxlen=RECENT_RECORDS)
         self._syncs: list[threading.Event] = []
         self.status = "ok"
         self.error: str | None = None
         self.dropped_records = 0
-        self._end: Record | None = None
-        self._store_busy_since: float | None = None  # when the current ledger write or fsync began
+        self._end: EndRecord | None = None
         self._lock = threading.Lock()
         self._items: deque[Item] = deque()
         self._head_since: float | None = None
@@ -93,7 +98,7 @@ class Pipeline:
         self._wake_w.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._sampler = SystemSampler(system_interval_s, cuda_device) if system_interval_s else None
-        self._last_counters: tuple[Any, ...] = ()
+        self._last_counters: Counters | None = None
         self._next_counters = 0.0
         self._thread = threading.Thread(target=self._run, name="tuiwatch-publisher", daemon=True)
 
@@ -106,16 +111,27 @@ class Pipeline:
                 self.dropped_records += 1
             self._items.append(item)
 
-    def start_server(
-        self, path: Path, run_line: bytes, on_command: Callable[[Command], Record | None], **limits: Any
+    def serve(
+        self,
+        listener: socket.socket,
+        path: Path,
+        run_line: bytes,
+        on_command: Callable[[Command], Record | None],
+        *,
+        tcp_listener: TcpListener | None = None,
+        stall_s: float = 5.0,
     ) -> None:
-        """Listen on ``path`` (called before :meth:`start`; raises OSError if it cannot)."""
-        self.server = Server(path, self.store, run_line, on_command, self._selector, **limits)
+        """Serve viewers on the bound ``listener`` (and ``tcp_listener``); called once, before :meth:`start`."""
+        self.server = Server(listener, path, self.sink.store, run_line, on_command, self._selector,
+                             tcp_listener=tcp_listener, stall_s=stall_s)  # fmt: skip
 
-    def start(self) -> None:
+    def start(self, on_alert: Callable[[AlertRecord, list[Record]], str | None] | None = None) -> None:
+        """Start the thread. ``on_alert`` is called on it for each warning or critical alert, with the
+        records so far; the path it returns (a dump) joins the alert's evidence."""
+        self.on_alert = on_alert
         self._thread.start()
 
-    def close(self, end: Record, timeout_s: float = 2.0) -> bool:
+    def close(self, end: EndRecord, timeout_s: float = 2.0) -> bool:
         """Write ``end`` last, flush and stop within ``timeout_s``; False if the thread is stuck.
 
         Returns sooner when one ledger write or fsync has been blocked for
@@ -129,7 +145,7 @@ class Pipeline:
         deadline = time.monotonic() + timeout_s
         while self._thread.is_alive():
             now = time.monotonic()
-            busy = self._store_busy_since
+            busy = self.sink.busy_since
             if now >= deadline or (busy is not None and now - busy >= STUCK_STORE_S):
                 break
             self._thread.join(min(0.05, deadline - now))
@@ -166,9 +182,7 @@ class Pipeline:
         if self.server is not None:
             self._guard(self.server.close)
         self._guard(self._flush)
-        self.store.close()
-        if self.disk_gap is not None:
-            self.disk_gap.close()
+        self.sink.close()
         with self._lock:
             for done in self._syncs:
                 done.set()  # everything that will ever be written is
@@ -208,10 +222,11 @@ class Pipeline:
             return
         records: list[Record] = []
         final_until = time.monotonic() + FINAL_WAIT_S
-        for index, item in enumerate(items):
-            if isinstance(item, dict):
-                records.append(item)
+        for index, entry in enumerate(items):
+            if isinstance(entry, dict):
+                records.append(entry)
                 continue
+            item = cast(PendingRecord, entry)
             if final:
                 while not item.ready() and time.monotonic() < final_until:
                     time.sleep(0.001)  # device values polled, never waited on with a sync
@@ -249,7 +264,7 @@ class Pipeline:
                 self.recent.append(found)
         return out
 
-    def _on_alert(self, found: Record) -> None:
+    def _on_alert(self, found: AlertRecord) -> None:
         if self.on_alert is None or found.get("severity") == "info":
             return
         try:
@@ -262,41 +277,16 @@ class Pipeline:
             found["evidence"]["dump"] = path
 
     def _append(self, records: list[Record], *, last: bool = False) -> None:
-        if not records:
-            return
-        data = b"".join(encode(r) for r in records)
-        try:
-            with self._store_io():
-                self.store.append(data)
-        except OSError as exc:
-            self._degrade(exc)
-            if isinstance(self.store, MemoryTail):
-                self.store.append(data)  # the records that did not fit reach the viewers all the same
-            if self.disk_gap is not None:
-                self.disk_gap.lost_records(records)
-            return
-        if self.disk_gap is not None:
-            with self._store_io():
-                self.disk_gap.append(records, data, now=time.monotonic(), retry_now=last)
+        error = self.sink.append(records, last=last)
+        if error is not None:
+            self._degrade(error)
 
     def _flush(self) -> None:
-        with self._store_io():
-            self.store.flush()
-            if self.disk_gap is not None:
-                self.disk_gap.flush()
+        self.sink.flush()
 
-    @contextlib.contextmanager
-    def _store_io(self) -> Iterator[None]:
-        """Marks a ledger write or fsync in progress, for close() to tell a hung disk."""
-        self._store_busy_since = time.monotonic()
-        try:
-            yield
-        finally:
-            self._store_busy_since = None
-
-    def _counters(self) -> tuple[Any, ...]:
+    def _counters(self) -> Counters:
         server = self.server.counters if self.server is not None else None
-        return (
+        return Counters(
             self.status,
             self.dropped_records,
             server.dropped_viewers if server else 0,
@@ -304,18 +294,11 @@ class Pipeline:
             server.viewers if server else 0,
         )
 
-    def counters_record(self) -> Record:
-        status, dropped, dropped_viewers, refused, viewers = self._counters()
-        return {
-            "kind": "publisher",
-            "t": time.time(),
-            "status": status,
-            "dropped_records": dropped,
-            "dropped_viewers": dropped_viewers,
-            "refused_peers": refused,
-            "viewers": viewers,
-            "error": self.error,
-        }
+    def counters_record(self) -> PublisherRecord:
+        c = self._counters()
+        return {"kind": "publisher", "t": time.time(), "status": c.status, "dropped_records": c.dropped_records,
+                "dropped_viewers": c.dropped_viewers, "refused_peers": c.refused_peers, "viewers": c.viewers,
+                "error": self.error}  # fmt: skip
 
     def _write_counters(self, force: bool) -> None:
         current = self._counters()
@@ -326,8 +309,7 @@ class Pipeline:
     def _write_end(self) -> None:
         self._write_counters(force=False)
         if self._end is not None:
-            counters = self.counters_record()
-            del counters["kind"], counters["t"]
+            counters = {k: v for k, v in self.counters_record().items() if k not in ("kind", "t")}
             self._append([{**self._end, **counters}], last=True)
 
     def _guard(self, fn: Callable[[], Any]) -> None:
@@ -342,18 +324,7 @@ class Pipeline:
         self.error = f"{type(exc).__name__}: {exc}"[:500]
         if first:
             print(f"tuiwatch: publisher degraded ({self.error}); training continues", file=sys.stderr)
-        if isinstance(exc, OSError) and isinstance(self.store, FileLedger) and _is_store_error(exc):
-            # The ledger file cannot take writes (disk full, I/O error): keep
-            # serving viewers from memory rather than lose the live stream,
-            # and write the file again, after a gap record, once it can.
-            self.store.close()
-            self.disk_gap = DiskGap(self.store.path, self.error)
-            self.store = MemoryTail(start=self.store.end)
-            if self.server is not None:
-                self.server.store = self.store
-
-
-def _is_store_error(exc: OSError) -> bool:
-    import errno
-
-    return exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EROFS, errno.EBADF, errno.EFBIG)
+        # A ledger file that takes no more writes: viewers are served from memory from now on.
+        self.sink.fail_over(exc)
+        if self.server is not None:
+            self.server.store = self.sink.store

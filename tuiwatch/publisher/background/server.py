@@ -2,7 +2,7 @@
 
 Runs on the pipeline thread only; every socket is non-blocking, so a viewer
 that stalls, floods or vanishes costs the run nothing but a closed
-connection. Protocol: :mod:`tuiwatch.ledger.wire`.
+connection. Protocol: :mod:`tuiwatch.wire.protocol`; TCP: :mod:`tuiwatch.wire.tcp`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuiwatch.ledger import tcp
 from tuiwatch.ledger.codec import encode
-from tuiwatch.ledger.records import Record
-from tuiwatch.ledger.socketdir import TCP_FILE_SUFFIX
-from tuiwatch.ledger.wire import Command, LineSplitter, ProtocolError, action_record, parse_command, peer_uid
+from tuiwatch.ledger.records import Record, action_record
 from tuiwatch.ledger.writer import LedgerStore
+from tuiwatch.wire import tcp
+from tuiwatch.wire.protocol import Command, LineSplitter, ProtocolError, parse_command, peer_uid
 
 CHUNK_BYTES = 256 * 1024
 MAX_VIEWERS = 64
@@ -95,14 +94,43 @@ def bind_private_socket(path: Path) -> socket.socket:
     return sock
 
 
+@dataclass
+class TcpListener:
+    """The optional TCP listener and the token a peer must send first (see :mod:`tuiwatch.wire.tcp`)."""
+
+    sock: socket.socket
+    address: str
+    token: str
+    token_file: Path
+
+
+def open_tcp_listener(host: str, port: int, token_file: Path) -> TcpListener:
+    """Listen at ``host:port`` and write the token file a viewer needs; raises OSError."""
+    listener = bind_tcp(host, port)
+    bound_host, bound_port = listener.getsockname()[:2]
+    address = tcp.format_address(bound_host, bound_port)
+    token = secrets.token_hex(32)
+    try:
+        tcp.write_token_file(token_file, address, token)
+    except OSError:
+        listener.close()
+        raise
+    return TcpListener(listener, address, token, token_file)
+
+
 class Server:
+    """Serves the ledger's bytes to every viewer; built once the listeners are bound and the run line is known."""
+
     def __init__(
         self,
+        listener: socket.socket,
         path: Path,
         store: LedgerStore,
         run_line: bytes,
         on_command: Callable[[Command], Record | None],
         selector: selectors.BaseSelector,
+        *,
+        tcp_listener: TcpListener | None = None,
         stall_s: float = 5.0,
         lag_bytes: int = 16 << 20,
     ):
@@ -114,33 +142,14 @@ class Server:
         self.lag_bytes = lag_bytes
         self.counters = ServerCounters()
         self._uid = os.getuid()
-        self._listener = bind_private_socket(path)
+        self._listener = listener
         self._viewers: dict[int, _Viewer] = {}
         self.selector = selector
         self.selector.register(self._listener, selectors.EVENT_READ, self._accept)
-        self._tcp_listener: socket.socket | None = None
-        self._tcp_token = ""
-        self.tcp_file: Path | None = None
+        self._tcp = tcp_listener
         self._unauthenticated: dict[int, _Unauthenticated] = {}
-
-    def listen_tcp(self, host: str, port: int) -> str:
-        """Also serve viewers over TCP, each after it sends the token (see :mod:`tuiwatch.ledger.tcp`).
-
-        Writes the token file beside the socket and returns the bound address; raises OSError.
-        """
-        listener = bind_tcp(host, port)
-        bound_host, bound_port = listener.getsockname()[:2]
-        address = tcp.format_address(bound_host, bound_port)
-        token = secrets.token_hex(32)
-        token_file = self.path.with_suffix(TCP_FILE_SUFFIX)
-        try:
-            tcp.write_token_file(token_file, address, token)
-        except OSError:
-            listener.close()
-            raise
-        self._tcp_listener, self._tcp_token, self.tcp_file = listener, token, token_file
-        self.selector.register(listener, selectors.EVENT_READ, self._accept_tcp)
-        return address
+        if tcp_listener is not None:
+            self.selector.register(tcp_listener.sock, selectors.EVENT_READ, self._accept_tcp)
 
     # --- events -----------------------------------------------------------------
 
@@ -199,10 +208,10 @@ class Server:
     # --- TCP: a token before anything else ------------------------------------------
 
     def _accept_tcp(self) -> None:
-        assert self._tcp_listener is not None
+        assert self._tcp is not None
         while True:
             try:
-                sock, _ = self._tcp_listener.accept()
+                sock, _ = self._tcp.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -229,7 +238,7 @@ class Server:
         if not data or not tcp.could_be_token_line(received):
             self._refuse(pending)
         elif newline:
-            if tcp.token_matches(line, self._tcp_token):
+            if self._tcp is not None and tcp.token_matches(line, self._tcp.token):
                 self._forget(pending)
                 self._add_viewer(pending.sock, rest)
             else:
@@ -365,15 +374,14 @@ class Server:
         self._listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        if self._tcp_listener is not None:
-            self.selector.unregister(self._tcp_listener)
-            self._tcp_listener.close()
+        if self._tcp is not None:
+            self.selector.unregister(self._tcp.sock)
+            self._tcp.sock.close()
             for pending in list(self._unauthenticated.values()):
                 self._forget(pending)
                 pending.sock.close()
-            if self.tcp_file is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.tcp_file)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._tcp.token_file)
         deadline = time.monotonic() + grace_s
         while self._viewers and time.monotonic() < deadline:
             self.pump()

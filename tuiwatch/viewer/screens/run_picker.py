@@ -7,8 +7,8 @@ from textual.binding import Binding
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tuiwatch.runs import LiveRun
-from tuiwatch.viewer.render.text import safe
+from tuiwatch.analysis.format import safe
+from tuiwatch.wire.discovery import LiveRun
 
 
 class RunPicker(App[LiveRun | None]):

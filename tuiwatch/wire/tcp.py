@@ -6,7 +6,7 @@ a random token to ``<socket dir>/<name>.<pid>.tcp`` (mode 0600, created
 exclusively, as JSON ``{"address": "HOST:PORT", "token": "..."}``); a
 connection must send ``{"token": "..."}`` and a newline as its first line,
 within :data:`AUTH_TIMEOUT_S`, before the server sends it one byte. After
-that the protocol is the Unix socket's (:mod:`tuiwatch.ledger.wire`). A
+that the protocol is the Unix socket's (:mod:`tuiwatch.wire.protocol`). A
 first line that does not start like one (HTTP, TLS, anything else), a wrong token, or no line in time closes
 the connection unanswered and counts as a refused peer.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import DecodeError, decode, encode
-from tuiwatch.ledger.socketdir import TCP_FILE_SUFFIX
+from tuiwatch.wire.socketdir import TCP_FILE_SUFFIX
 
 LOOPBACK = "127.0.0.1"
 AUTH_TIMEOUT_S = 5.0

@@ -1,7 +1,7 @@
 """The wire protocol between a run and its viewers.
 
 Transport: one Unix stream socket per training process, at
-``<socket dir>/<name>.<pid>.sock`` (see :mod:`tuiwatch.ledger.socketdir`),
+``<socket dir>/<name>.<pid>.sock`` (see :mod:`tuiwatch.wire.socketdir`),
 mode 0600 inside a 0700 directory. The server reads the peer's uid with
 ``SO_PEERCRED`` on accept and closes a connection of another uid before
 sending it one byte.
@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuiwatch.ledger.codec import DecodeError, decode, encode
-from tuiwatch.ledger.records import Record
+from tuiwatch.ledger.records import Decoded
 
 MAX_LINE_BYTES = 64 * 1024
 COMMANDS = ("checkpoint", "dump", "pause", "resume", "stop")
@@ -69,27 +68,6 @@ def parse_command(line: bytes) -> Command:
 
 def command_line(cmd: str, cmd_id: int) -> bytes:
     return encode({"cmd": cmd, "id": cmd_id})
-
-
-def action_record(
-    action: str | None,
-    *,
-    cmd_id: int | None,
-    ok: bool,
-    step: int | None,
-    path: str | None = None,
-    error: str | None = None,
-) -> Record:
-    return {
-        "kind": "action",
-        "t": time.time(),
-        "id": cmd_id,
-        "action": action,
-        "ok": ok,
-        "path": path,
-        "error": error,
-        "step": step,
-    }
 
 
 class LineSplitter:
@@ -133,7 +111,7 @@ def connect(path: str | Path, timeout: float = 2.0) -> socket.socket:
     return sock
 
 
-def iter_records(sock: socket.socket, limit: int = 16 * MAX_LINE_BYTES) -> Iterator[Record]:
+def iter_records(sock: socket.socket, limit: int = 16 * MAX_LINE_BYTES) -> Iterator[Decoded]:
     """Records read from a connected socket until the server closes it.
 
     Lines that do not decode are skipped; a line over ``limit`` bytes ends the

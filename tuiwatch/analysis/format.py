@@ -1,9 +1,18 @@
-"""Text from a run, made safe to show, and numbers made short."""
+"""Numbers, sizes, durations and text from a run, made short and safe to show.
+
+The one formatter: the viewer, ``report``, ``diff`` and ``ls`` all print
+through it, so a value reads the same everywhere. Every function takes what a
+record holds (anything, from a ledger written anywhere) and shows a value it
+cannot format as ``-``.
+"""
 
 from __future__ import annotations
 
 import math
 import re
+from typing import Any
+
+from tuiwatch.ledger.fields import finite, is_number
 
 # C0 and C1 controls (ESC starts CSI/OSC sequences; 0x9b is a one-byte CSI), DEL,
 # and the bidi overrides that can make text read differently from its bytes.
@@ -21,12 +30,12 @@ def safe(text: object, limit: int = 200) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def number(value: float | int | None, digits: int = 4) -> str:
+def number(value: Any, digits: int = 4) -> str:
     """A short human form: 0.0123, 1.23e-05, 12.3k, nan, -."""
-    if value is None:
-        return "-"
     if isinstance(value, bool):
         return str(value).lower()
+    if not is_number(value):
+        return "-"
     v = float(value)
     if math.isnan(v):
         return "nan"
@@ -46,11 +55,11 @@ def number(value: float | int | None, digits: int = 4) -> str:
     return f"{v:.{digits}g}"
 
 
-def size(n_bytes: float | int | None) -> str:
+def size(n_bytes: Any) -> str:
     """Bytes as B, KiB, MiB, GiB, TiB."""
-    if n_bytes is None:
+    n = finite(n_bytes)
+    if n is None:
         return "-"
-    n = float(n_bytes)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -58,11 +67,21 @@ def size(n_bytes: float | int | None) -> str:
     return f"{n:.1f} TiB"
 
 
-def duration(seconds: float | None) -> str:
+def size_of(used: Any, total: Any) -> str:
+    """``31.4/80.0 GiB``: both in the total's unit."""
+    u, t = finite(used), finite(total)
+    if u is None or t is None or t <= 0:
+        return f"{size(used)}/{size(total)}"
+    value, unit = size(t).split(" ")
+    return f"{u * float(value) / t:.1f}/{value} {unit}"
+
+
+def duration(seconds: Any) -> str:
     """Seconds as 45s, 12m03s, 3h07m, 2d04h."""
-    if seconds is None or seconds < 0 or math.isnan(seconds):
+    value = finite(seconds)
+    if value is None or value < 0:
         return "-"
-    s = int(seconds)
+    s = int(value)
     if s < 60:
         return f"{s}s"
     if s < 3600:
@@ -72,8 +91,9 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
-def seconds_short(value: float | None) -> str:
+def seconds_short(seconds: Any) -> str:
     """A step time: 850µs, 12.3ms, 1.20s."""
+    value = finite(seconds)
     if value is None:
         return "-"
     if value < 1e-3:
@@ -81,3 +101,15 @@ def seconds_short(value: float | None) -> str:
     if value < 1:
         return f"{value * 1e3:.1f}ms"
     return f"{value:.2f}s"
+
+
+def percent(value: Any) -> str:
+    """``42%`` from a percentage (0-100), ``-`` for anything else."""
+    v = finite(value)
+    return "-" if v is None else f"{v:.0f}%"
+
+
+def with_unit(value: Any, unit: str) -> str:
+    """``71°C``, ``250W``; ``-°C`` when there is no reading."""
+    v = finite(value)
+    return f"-{unit}" if v is None else f"{v:.0f}{unit}"

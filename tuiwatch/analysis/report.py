@@ -102,7 +102,7 @@ def _seconds(value: Any) -> float:
 
 
 def as_text(summary: dict[str, Any]) -> str:
-    from tuiwatch.viewer.render.text import duration, number, safe, size
+    from tuiwatch.analysis.format import duration, number, safe, size
 
     share = summary["data_wait_share"]
     best_step = summary["best_step"]

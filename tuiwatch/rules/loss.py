@@ -1,4 +1,4 @@
-"""Rules about whether the model learns: updates that do nothing, a loss at chance, spikes, overfitting."""
+"""The loss: frozen, stuck at chance, spiking, or falling while the eval loss rises."""
 
 from __future__ import annotations
 
@@ -6,76 +6,42 @@ import math
 import statistics
 from collections import deque
 
-from tuiwatch.ledger.records import Record
-from tuiwatch.rules.base import Rule, alert, number
+from tuiwatch.ledger.fields import num
+from tuiwatch.ledger.records import AlertRecord, Record, alert_record
+from tuiwatch.rules.base import Rule
 
 
-class NoUpdate(Rule):
-    """Gradients arrive but the parameters do not move: the optimizer steps something else, or nothing.
+class LossFrozen(Rule):
+    """The loss is exactly the same number for many steps in a row."""
 
-    Two signals, either suffices: the sampled ``update_norm`` is exactly 0 on
-    ``samples`` measured steps in a row, or ``param_norm`` is bit-identical over
-    ``steps`` optimizer steps; both only while the grad norm is positive and
-    the expected step (lr × grad norm) is above ``resolution`` × the parameter
-    norm, which float32 weights can register. A run whose every lr is 0 is
-    left to ``lr-zero``, which names the cause.
-    """
+    id = "loss-frozen"
 
-    id = "no-update"
-
-    def __init__(self, samples: int = 3, steps: int = 20, lr_fallen: float = 1e-3, resolution: float = 1e-5):
+    def __init__(self, steps: int = 50):
         super().__init__()
-        self.samples, self.steps, self.lr_fallen, self.resolution = samples, steps, lr_fallen, resolution
-        self.zero_updates = 0
-        self.same_params = 0
-        self.last_param: float | None = None
-        self.peak_lr = 0.0
+        self.steps = steps
+        self.last: float | None = None
+        self.run = 0
 
-    def _still(self, record: Record) -> bool | None:
-        """Whether this optimizer step left the parameters where they were (None: nothing to say)."""
-        grad = number(record.get("grad_norm"))
-        lr = record.get("lr")
-        if record.get("opt_step") is None or record.get("opt_skipped") or not grad or not math.isfinite(grad):
+    def check(self, record: Record) -> AlertRecord | None:
+        loss = num(record.get("loss"))
+        if loss is None:
             return None
-        lrs = [abs(v) for v in lr if type(v) in (int, float)] if isinstance(lr, list) else []
-        if lrs and max(lrs) == 0:
+        self.run = self.run + 1 if loss == self.last else 1
+        self.last = loss
+        if self.run < self.steps:
             return None
-        self.peak_lr = max(self.peak_lr, *lrs) if lrs else self.peak_lr
-        update, param = number(record.get("update_norm")), number(record.get("param_norm"))
-        # A step of about lr x grad norm that float32 cannot even register on the weights
-        # (a converged model at the end of a decay) is not "no update".
-        if lrs and param and max(lrs) * grad < self.resolution * param:
-            return None
-        if update is not None:
-            self.zero_updates = self.zero_updates + 1 if update == 0 else 0
-        if param is not None:
-            self.same_params = self.same_params + 1 if param == self.last_param else 0
-            self.last_param = param
-        return self.zero_updates >= self.samples or self.same_params >= self.steps
-
-    def check(self, record: Record) -> Record | None:
-        if not self._still(record):
-            return None
-        lr = record.get("lr")
-        top = max((abs(v) for v in lr if type(v) in (int, float)), default=None) if isinstance(lr, list) else None
-        fallen = top is not None and top <= self.lr_fallen * self.peak_lr
-        message = (
-            f"gradients are nonzero (norm {record.get('grad_norm'):.3g}) but the parameters do not change "
-            f"(update norm {record.get('update_norm')}, param norm {record.get('param_norm')})"
-        )
-        if fallen:
-            message += f"; the lr fell to {top:.3g} from {self.peak_lr:.3g}"
-        return alert(
-            self.id, "critical", record.get("step"), message,
-            {"grad_norm": record.get("grad_norm"), "update_norm": record.get("update_norm"),
-             "param_norm": record.get("param_norm"), "lr": lr, "peak_lr": self.peak_lr,
-             "zero_updates": self.zero_updates, "same_param_steps": self.same_params},
-            "read the schedule: the lr is too small to move the weights" if fallen else
-            "the optimizer holds other parameters (built on a copy?), the lr is 0, or the parameters are frozen",
+        return alert_record(
+            self.id, "warning", record.get("step"), f"loss is {loss!r} for {self.run} steps in a row",
+            {"loss": loss, "steps": self.run}, "the model is not changing: look at the update norm and the lr",
         )  # fmt: skip
 
     def clears(self, record: Record) -> bool:
-        return self._still(record) is False
+        loss = num(record.get("loss"))
+        changed = loss is not None and loss != self.last
+        self.last = loss if loss is not None else self.last
+        if changed:
+            self.run = 1
+        return changed
 
 
 class LossChance(Rule):
@@ -101,7 +67,7 @@ class LossChance(Rule):
         """The chance-level loss ln(C), once this record is in the window and C is known."""
         if self.classes is None and type(record.get("classes")) is int:
             self.classes = record["classes"]
-        loss = number(record.get("loss"))
+        loss = num(record.get("loss"))
         if loss is None or not math.isfinite(loss):
             return None
         self.recent.append(loss)
@@ -110,14 +76,14 @@ class LossChance(Rule):
             return None
         return math.log(self.classes)
 
-    def check(self, record: Record) -> Record | None:
+    def check(self, record: Record) -> AlertRecord | None:
         chance = self._push(record)
         if chance is None:
             return None
         median = statistics.median(self.recent)
         if abs(median - chance) > self.tolerance * chance or min(self.recent) < (1 - 2 * self.tolerance) * chance:
             return None
-        return alert(
+        return alert_record(
             self.id, "warning", record.get("step"),
             f"loss {median:.3f} is at chance level ln({self.classes}) = {chance:.3f} "
             f"(median of the last {len(self.recent)} steps)",
@@ -152,7 +118,7 @@ class LossSpike(Rule):
 
     def _spiked(self, record: Record) -> float | None:
         """The loss if it is a spike; an ordinary loss joins the window (the bar moves every 25 of them)."""
-        loss = number(record.get("loss"))
+        loss = num(record.get("loss"))
         if loss is None or not math.isfinite(loss):
             return None
         if self.bar is not None and loss > self.bar:
@@ -165,13 +131,13 @@ class LossSpike(Rule):
             self.bar = max(median + self.k * max(mad, 0.01 * abs(median)), self.ratio * median)
         return None
 
-    def check(self, record: Record) -> Record | None:
+    def check(self, record: Record) -> AlertRecord | None:
         loss = self._spiked(record)
         if loss is None:
             return None
         median = statistics.median(self.recent)
         ids = record.get("batch_ids")
-        return alert(
+        return alert_record(
             self.id, "warning", record.get("step"),
             f"loss {loss:.4g} jumped to {loss / median:.1f}x its recent median {median:.4g}",
             {"loss": loss, "median": median, "bar": self.bar,
@@ -181,7 +147,7 @@ class LossSpike(Rule):
 
     def clears(self, record: Record) -> bool:
         # A spike is one step: the next ordinary loss ends it.
-        return number(record.get("loss")) is not None and self._spiked(record) is None
+        return num(record.get("loss")) is not None and self._spiked(record) is None
 
 
 class Overfit(Rule):
@@ -208,14 +174,14 @@ class Overfit(Rule):
     def _eval(self, record: Record) -> tuple[float, float] | None:
         """Fold a record in; for an eval record with a loss, return (eval loss, train loss now)."""
         if record.get("kind") == "step":
-            loss = number(record.get("loss"))
+            loss = num(record.get("loss"))
             if loss is not None and math.isfinite(loss):
                 self.train.append(loss)
             return None
-        value = next((number(record.get(k)) for k in ("val_loss", "eval_loss") if k in record), None)
+        value = next((num(record.get(k)) for k in ("val_loss", "eval_loss") if k in record), None)
         if value is None:
             key = next((k for k in record if "loss" in k), None)
-            value = number(record.get(key)) if key else None
+            value = num(record.get(key)) if key else None
         if value is None or not math.isfinite(value) or not self.train:
             return None
         train = statistics.fmean(self.train)
@@ -223,7 +189,7 @@ class Overfit(Rule):
         self.last_eval = value
         return value, train
 
-    def check(self, record: Record) -> Record | None:
+    def check(self, record: Record) -> AlertRecord | None:
         point = self._eval(record)
         if point is None:
             return None
@@ -234,7 +200,7 @@ class Overfit(Rule):
         best, train_at_best = self.best
         if self.rises < self.rises_needed or value <= best * (1 + self.margin) or train >= train_at_best:
             return None
-        return alert(
+        return alert_record(
             self.id, "warning", record.get("step"),
             f"eval loss rose {self.rises} times in a row to {value:.4g} (best {best:.4g}) "
             f"while the training loss fell to {train:.4g} (from {train_at_best:.4g})",

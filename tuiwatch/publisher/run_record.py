@@ -1,0 +1,117 @@
+"""The ``run`` record, the first line of a ledger (SPEC §3), and the names a run is filed under."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from tuiwatch._version import __version__
+from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.records import SCHEMA, RunRecord
+from tuiwatch.publisher.seeding import last_seeding
+from tuiwatch.wire.socketdir import safe_name
+
+
+def default_name() -> str:
+    """The script's stem: ``train`` for ``python train.py``."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "python"
+    return Path(argv0).stem or "python"
+
+
+def new_run_dir(root: Path, name: str) -> Path:
+    """``root/<name>-<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3``… when that exists (ranks, restarts)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = root / f"{safe_name(name)}-{stamp}"
+    candidate, n = base, 1
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = base.with_name(f"{base.name}-{n}")
+        except OSError as exc:
+            raise TuiwatchError(
+                f"cannot create the run directory {candidate}: {exc.strerror}; "
+                "give Watch(run_dir=...) a writable directory, or run_dir=None for no ledger file"
+            ) from None
+
+
+def rank_and_world() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except (ImportError, RuntimeError):
+        pass  # no usable process group: the launcher's environment says
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def device_total_memory(device: torch.device) -> int | None:
+    """The device's memory in bytes, the scale of the pane's memory bars (a property: no sync)."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    except (RuntimeError, AssertionError):
+        return None
+
+
+def make_run_record(
+    *,
+    name: str,
+    seed: int | None,
+    device: torch.device,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    param_count: int,
+    every: int,
+    update_norm_every: int,
+    param_norm_every: int,
+    on_nonfinite: str,
+    run_dir: Path | None,
+    socket_path: Path | None,
+    socket_error: str | None,
+    tcp_address: str | None,
+) -> RunRecord:
+    """Everything known about the run at its start, its Watch's settings last."""
+    rank, world = rank_and_world()
+    return {
+        "kind": "run",
+        "t": time.time(),
+        "schema": SCHEMA,
+        "name": name,
+        "run_id": os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12],
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "rank": rank,
+        "world_size": world,
+        "argv": list(sys.argv),
+        "seed": seed,
+        "seeding": last_seeding(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": str(device),
+        "mem_total": device_total_memory(device),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "tuiwatch": __version__,
+        "run_dir": None if run_dir is None else str(run_dir),
+        "socket": None if socket_path is None else str(socket_path),
+        "socket_error": socket_error,
+        "tcp": tcp_address,
+        "model": type(model).__name__,
+        "optimizer": None if optimizer is None else type(optimizer).__name__,
+        "params": param_count,
+        "every": every,
+        "update_norm_every": update_norm_every,
+        "param_norm_every": param_norm_every,
+        "on_nonfinite": on_nonfinite,
+    }

@@ -1,0 +1,138 @@
+"""Starting a Watch's publishing in two phases, so that nothing is patched afterwards.
+
+:func:`open_publishing` makes everything the run record names:
+
+1. the run directory and the ledger store (or an in-memory tail);
+2. the pipeline (not yet running);
+3. the listeners: the Unix socket, then the optional TCP one with its token file;
+4. the ``run`` record, which names all of the above, written first in the ledger.
+
+The Watch then builds its parts on the pipeline, and :meth:`Publishing.start`
+hands their callbacks over: the server is made with the bound listeners and
+the run record's line, and the pipeline thread starts. Nothing reaches a
+callback before its object exists.
+
+An unsafe socket directory or a port in use never stops training: the run
+goes on without that listener and says why, once, on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.codec import encode
+from tuiwatch.ledger.reader import LEDGER_NAME
+from tuiwatch.ledger.records import AlertRecord, Record, RunRecord
+from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
+from tuiwatch.publisher.background.pipeline import Pipeline
+from tuiwatch.publisher.background.server import TcpListener, bind_private_socket, open_tcp_listener
+from tuiwatch.publisher.run_record import make_run_record, new_run_dir
+from tuiwatch.rules import Diagnosis
+from tuiwatch.wire.protocol import Command
+from tuiwatch.wire.socketdir import TCP_FILE_SUFFIX, ensure_socket_dir, remove_stale_sockets, socket_path
+from tuiwatch.wire.tcp import format_address
+
+
+@dataclass
+class Listeners:
+    unix: socket.socket | None = None
+    path: Path | None = None
+    error: str | None = None  # why there is no Unix socket
+    tcp: TcpListener | None = None
+
+
+def open_store(run_dir: str | Path | None, name: str) -> tuple[Path | None, LedgerStore]:
+    if run_dir is None:
+        return None, MemoryTail()
+    directory = new_run_dir(Path(run_dir), name)
+    return directory, FileLedger(directory / LEDGER_NAME)
+
+
+def open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:
+    found = Listeners()
+    try:
+        directory = ensure_socket_dir()
+        remove_stale_sockets(directory)
+        wanted = socket_path(directory, name, os.getpid())
+        found.unix, found.path = bind_private_socket(wanted), wanted
+    except (TuiwatchError, OSError) as exc:
+        found.error = str(exc) if isinstance(exc, TuiwatchError) else f"cannot listen: {exc}"
+        print(f"tuiwatch: no live socket for this run ({found.error}); the ledger is still written", file=sys.stderr)
+        return found  # TCP viewers get the same stream, so no Unix socket means no TCP either
+    if tcp is not None:
+        try:
+            found.tcp = open_tcp_listener(*tcp, wanted.with_suffix(TCP_FILE_SUFFIX))
+        except OSError as exc:
+            print(f"tuiwatch: no TCP listener at {format_address(*tcp)} ({exc.strerror or exc}); "
+                  "the Unix socket works", file=sys.stderr)  # fmt: skip
+    return found
+
+
+@dataclass
+class Publishing:
+    """What a Watch publishes through: opened, then started once the Watch's parts exist."""
+
+    pipeline: Pipeline
+    run_record: RunRecord
+    run_line: bytes
+    run_dir: Path | None
+    ledger_path: Path | None
+    listeners: Listeners
+
+    @property
+    def socket_path(self) -> Path | None:
+        return self.listeners.path
+
+    @property
+    def tcp_address(self) -> str | None:
+        return self.run_record["tcp"]
+
+    def start(
+        self,
+        on_command: Callable[[Command], Record | None],
+        on_alert: Callable[[AlertRecord, list[Record]], str | None],
+        *,
+        viewer_stall_s: float,
+    ) -> None:
+        """Serve viewers (when a socket was bound) and start the pipeline thread."""
+        unix, path = self.listeners.unix, self.listeners.path
+        if unix is not None and path is not None:
+            self.pipeline.serve(unix, path, self.run_line, on_command, tcp_listener=self.listeners.tcp,
+                                stall_s=viewer_stall_s)  # fmt: skip
+        self.pipeline.start(on_alert)
+
+
+def open_publishing(
+    *,
+    name: str,
+    run_dir: str | Path | None,
+    tcp: tuple[str, int] | None,
+    diagnosis: Diagnosis,
+    queue_size: int,
+    system_interval_s: float | None,
+    device: torch.device,
+    run_info: dict[str, Any],
+) -> Publishing:
+    """Steps 1 to 4 above; ``run_info`` is what the run record says of the model and the Watch's settings."""
+    directory, store = open_store(run_dir, name)
+    pipeline = Pipeline(store, capacity=queue_size, system_interval_s=system_interval_s,
+                        cuda_device=device.index if device.type == "cuda" else None,
+                        diagnosis=diagnosis)  # fmt: skip
+    listeners = open_listeners(name, tcp)
+    record = make_run_record(
+        name=name, device=device, run_dir=directory, socket_path=listeners.path, socket_error=listeners.error,
+        tcp_address=listeners.tcp.address if listeners.tcp is not None else None, **run_info,
+    )  # fmt: skip
+    run_line = encode(record)
+    store.append(run_line)
+    ledger_path = store.path if isinstance(store, FileLedger) else None
+    return Publishing(pipeline, record, run_line, directory, ledger_path, listeners)

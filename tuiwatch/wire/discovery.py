@@ -1,0 +1,207 @@
+"""Finding live runs: on this host through the socket directory, on another through the user's ssh.
+
+``tuiwatch ls`` and ``tuiwatch attach`` find runs here. A remote host is
+asked with ``ssh -T host tuiwatch ls --json`` and reached with ``ssh -T host
+tuiwatch relay NAME``: nothing listens on the network, ssh carries the wire
+protocol over its own channel, with the user's keys, ``~/.ssh/config`` and
+jump hosts. No torch, no Textual.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.reader import tail_records
+from tuiwatch.ledger.records import Record
+from tuiwatch.wire.protocol import connect, iter_records
+from tuiwatch.wire.socketdir import check_private_dir, remove_stale_sockets, socket_dir
+
+
+@dataclass
+class LiveRun:
+    name: str
+    pid: int
+    socket: str
+    step: int | None
+    status: str
+    run_id: str | None
+    ledger: str | None
+
+
+def _first_record(path: Path, timeout: float) -> Record | None:
+    try:
+        sock = connect(path, timeout=timeout)
+    except OSError:
+        return None
+    try:
+        return next(iter_records(sock), None)
+    except OSError:  # a timeout included
+        return None
+    finally:
+        sock.close()
+
+
+def _progress(ledger: str | None) -> tuple[int | None, str]:
+    if not ledger:
+        return None, "live"
+    try:
+        records = tail_records(ledger)
+    except Exception:
+        return None, "live"
+    step, status = None, "live"
+    for record in records:
+        kind = record.get("kind")
+        if kind == "step":
+            step = record.get("step")
+        elif kind == "publisher" and record.get("status") == "degraded":
+            status = "degraded"
+        elif kind == "end":
+            status = "stopped" if record.get("reason") == "stopped" else "finished"
+    return step, status
+
+
+def list_live_runs(directory: Path | None = None, timeout: float = 1.0) -> list[LiveRun]:
+    """Runs listening in the socket directory; stale sockets are removed on the way."""
+    directory = directory or socket_dir()
+    if not directory.exists():
+        return []
+    check_private_dir(directory)
+    runs = []
+    for entry in remove_stale_sockets(directory):
+        run = _first_record(entry.path, timeout)
+        if run is None or run.get("kind") != "run":
+            continue
+        ledger = run.get("run_dir")
+        ledger = str(Path(ledger) / "ledger.jsonl") if ledger else None
+        step, status = _progress(ledger)
+        runs.append(
+            LiveRun(
+                name=str(run.get("name", entry.name)),
+                pid=entry.pid,
+                socket=str(entry.path),
+                step=step,
+                status=status,
+                run_id=run.get("run_id"),
+                ledger=ledger,
+            )
+        )
+    return runs
+
+
+def as_dicts(runs: list[LiveRun]) -> list[dict[str, Any]]:
+    return [asdict(r) for r in runs]
+
+
+def resolve_target(target: str | None, directory: Path | None = None) -> LiveRun | list[LiveRun]:
+    """The live run that ``target`` names (name, pid or socket path), or every candidate when ambiguous.
+
+    Raises TuiwatchError with a one-line hint when nothing matches.
+    """
+    if target and ("/" in target or target.endswith(".sock")):
+        path = Path(target)
+        if not path.exists():
+            raise TuiwatchError(f"no socket at {target}: is the run still going? (tuiwatch ls lists live runs)")
+        run = _first_record(path, 2.0)
+        if run is None:
+            raise TuiwatchError(f"{target} does not answer as a tuiwatch run")
+        return LiveRun(str(run.get("name", "?")), int(run.get("pid", 0)), str(path), None, "live",
+                       run.get("run_id"), None)  # fmt: skip
+    runs = list_live_runs(directory)
+    if not runs:
+        raise TuiwatchError("no live runs on this host: start one (tuiwatch demo --no-viewer) or replay a ledger")
+    if target is None:
+        return runs[0] if len(runs) == 1 else runs
+    matches = [r for r in runs if r.name == target or str(r.pid) == target]
+    if not matches:
+        names = ", ".join(f"{r.name} (pid {r.pid})" for r in runs)
+        raise TuiwatchError(f"no live run named {target!r}; live runs: {names}")
+    return matches[0] if len(matches) == 1 else matches
+
+
+def find_socket_by_name(name: str, directory: Path | None = None) -> Path | None:
+    """The socket of the newest live run called ``name`` (for reconnecting after a restart)."""
+    try:
+        runs = [r for r in list_live_runs(directory, timeout=0.5) if r.name == name]
+    except Exception:
+        return None
+    return Path(max(runs, key=lambda r: r.pid).socket) if runs else None
+
+
+# --- another host, through ssh -------------------------------------------------------
+
+DEFAULT_SSH = "ssh"
+DEFAULT_REMOTE = "tuiwatch"
+LIST_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Remote:
+    host: str  # [user@]host, as ssh takes it
+    name: str | None  # the run; None: the only one, or ask
+    ssh: str = DEFAULT_SSH  # the ssh command, split like a shell would: "ssh -p 2222 -i key"
+    tuiwatch: str = DEFAULT_REMOTE  # the remote command: "~/venv/bin/tuiwatch", "python -m tuiwatch"
+
+    def argv(self, *args: str) -> list[str]:
+        # ssh joins the remote words with spaces for the remote shell: quote them as one string.
+        return [*shlex.split(self.ssh), "-T", self.host, shlex.join([*shlex.split(self.tuiwatch), *args])]
+
+
+def parse_remote(target: str | None, ssh: str | None = None, tuiwatch: str | None = None) -> Remote | None:
+    """``[user@]host:[name]`` as a :class:`Remote`; None for a local target (name, pid, socket path)."""
+    if not target or ":" not in target:
+        return None
+    host, _, name = target.partition(":")
+    if not host or "/" in host:
+        return None  # a path with a colon in it
+    return Remote(host, name or None, ssh or os.environ.get("TUIWATCH_SSH") or DEFAULT_SSH,
+                  tuiwatch or os.environ.get("TUIWATCH_REMOTE") or DEFAULT_REMOTE)  # fmt: skip
+
+
+def list_remote_runs(remote: Remote) -> list[LiveRun]:
+    """``tuiwatch ls --json`` on the remote host; a one-line TuiwatchError saying what failed."""
+    argv = remote.argv("ls", "--json")
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=LIST_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise TuiwatchError(f"cannot run {argv[0]!r}: install OpenSSH or give --ssh") from None
+    except subprocess.TimeoutExpired:
+        raise TuiwatchError(f"ssh to {remote.host} did not answer in {LIST_TIMEOUT_S:.0f} s") from None
+    err = done.stderr.decode(errors="replace").strip().splitlines()
+    last = err[-1] if err else f"exit code {done.returncode}"
+    if done.returncode == 255:
+        raise TuiwatchError(f"ssh to {remote.host} failed: {last}")
+    if done.returncode == 127 or "command not found" in last or "No module named" in last:
+        raise TuiwatchError(f"tuiwatch is not installed on {remote.host} (ran: {remote.tuiwatch}): "
+                            "install it there, or give --remote-tuiwatch PATH")  # fmt: skip
+    if done.returncode != 0:
+        raise TuiwatchError(f"tuiwatch ls on {remote.host} failed: {last}")
+    try:
+        rows = orjson.loads(done.stdout)
+        return [LiveRun(str(r["name"]), int(r["pid"]), str(r["socket"]), r.get("step"), str(r.get("status", "?")),
+                        r.get("run_id"), r.get("ledger")) for r in rows]  # fmt: skip
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        raise TuiwatchError(f"tuiwatch ls on {remote.host} did not answer with a run list") from None
+
+
+def choose_remote_run(remote: Remote) -> LiveRun:
+    """The run ``remote`` names, checked against the host's live runs (one ssh round trip)."""
+    runs = list_remote_runs(remote)
+    if not runs:
+        raise TuiwatchError(f"no live runs on {remote.host}")
+    names = ", ".join(f"{r.name} (pid {r.pid})" for r in runs)
+    if remote.name is None:
+        if len(runs) > 1:
+            raise TuiwatchError(f"{len(runs)} live runs on {remote.host}: {names}; attach {remote.host}:NAME")
+        return runs[0]
+    matches = [r for r in runs if remote.name in (r.name, str(r.pid))]
+    if not matches:
+        raise TuiwatchError(f"no live run named {remote.name!r} on {remote.host}; live runs: {names}")
+    return matches[0]
