@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from rich.style import Style
 
 from tuiwatch.viewer.app import TuiwatchApp
-from tuiwatch.viewer.panes.base import chart_lines
+from tuiwatch.viewer.render.chart import chart
 from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.sources import SocketSource
 
@@ -155,7 +156,7 @@ def chart_time() -> float:
     times = []
     for _ in range(50):
         t0 = time.perf_counter()
-        chart_lines([(series, "cyan")], 100, 10, None)
+        chart([(series, Style(color="cyan"))], 100, 10, None)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

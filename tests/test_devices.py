@@ -22,17 +22,19 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import tuiwatch
+from tuiwatch.analysis.format import size_of
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.writer import FileLedger
 from tuiwatch.publisher.background import nvml
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.deferred import PendingCopy, PendingDuration, is_ready, resolve
 from tuiwatch.publisher.pending import StepState
-from tuiwatch.viewer.panes.memory import MemoryPane, _bar, _used_of, device_total
+from tuiwatch.viewer.panes.memory import MemoryPane, bar
 from tuiwatch.viewer.sources import FileSource
+from tuiwatch.viewer.views import device_total
 
 from .helpers import ledger_file
-from .viewer_helpers import FIXED_NOW, RecordingApp, plain, until
+from .viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, until
 
 GiB = 1 << 30
 
@@ -234,13 +236,13 @@ def test_the_device_total_comes_from_the_run_record_else_from_nvml():
 
 
 def test_narrow_bars_keep_their_cells_and_drop_the_byte_count():
-    wide, narrow = _bar("peak", 76 * GiB, 80 * GiB, 60).plain, _bar("peak", 76 * GiB, 80 * GiB, 28).plain
+    wide, narrow = bar("peak", 76 * GiB, 80 * GiB, 60).plain, bar("peak", 76 * GiB, 80 * GiB, 28).plain
     assert wide.endswith("░  95%  76.0 GiB")
     assert len(wide) == 60
     assert narrow.endswith("░  95%")
     assert len(narrow) == 28
-    assert _used_of(1536 << 20, 2 * GiB) == "1.5/2.0 GiB"
-    assert _used_of(None, 2 * GiB) == "-/2.0 GiB"
+    assert size_of(1536 << 20, 2 * GiB) == "1.5/2.0 GiB"
+    assert size_of(None, 2 * GiB) == "-/2.0 GiB"
 
 
 def _gpu_ledger(path: Path) -> Path:
@@ -264,7 +266,7 @@ async def test_the_pane_draws_memory_bars_against_the_device_total_and_the_gpu_r
     app = RecordingApp(FileSource(_gpu_ledger(tmp_path / "ledger.jsonl")), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(160, 40)) as pilot:
         await until(pilot, lambda: app.state.step == 29 and bool(app.state.last_system))
-        await pilot.pause(0.1)
+        await drawn(pilot)
         lines = plain(app.query_one(MemoryPane)).splitlines()
     bars = {line.split()[0]: line for line in lines[:3]}
     assert set(bars) == {"allocated", "reserved", "peak"}
@@ -292,7 +294,7 @@ async def test_without_nvml_the_pane_says_why_and_shows_the_cpu_side(tmp_path: P
     app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(160, 40)) as pilot:
         await until(pilot, lambda: bool(app.state.last_system))
-        await pilot.pause(0.1)
+        await drawn(pilot)
         lines = plain(app.query_one(MemoryPane)).splitlines()
     assert lines[:3] == [
         "no GPU: NVML unavailable (NVML Shared Library Not Found)",

@@ -13,8 +13,9 @@ from tuiwatch.analysis.report import as_text, summarize
 from tuiwatch.ledger.codec import DecodeError, decode
 from tuiwatch.ledger.records import KINDS
 from tuiwatch.rules import Diagnosis
-from tuiwatch.viewer.panes.memory import _bar, _cpu_line, _gpu_line, device_total
+from tuiwatch.viewer.panes.memory import bar, cpu_line, gpu_line
 from tuiwatch.viewer.state import MAX_ALERTS, MAX_METRICS, RunState
+from tuiwatch.viewer.views import device_total, gpu_view, memory_view
 from tuiwatch.wire.protocol import MAX_LINE_BYTES, Command, LineSplitter, ProtocolError, parse_command
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -95,9 +96,10 @@ def test_the_memory_pane_draws_any_readings(
     total: float,
     width: int,
 ):
-    lines = [_cpu_line(system).plain] + [_gpu_line(g).plain for g in gpus or []]
+    state = RunState(run=run, last_system={**system, "gpus": gpus})
+    lines = [cpu_line(memory_view(state, None)).plain] + [gpu_line(gpu_view(g)).plain for g in gpus or []]
     found = device_total(run, gpus)
     assert found is None or found > 0
     if total > 0 and math.isfinite(total) and math.isfinite(used):
-        lines.append(_bar("peak", used, total, width).plain)
+        lines.append(bar("peak", used, total, width).plain)
     assert all("\x1b" not in line and "\n" not in line for line in lines)

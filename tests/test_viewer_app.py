@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -12,16 +13,18 @@ from tuiwatch.analysis.format import number
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import Pane
+from tuiwatch.viewer.panes.header import HeaderBar
 from tuiwatch.viewer.panes.memory import MemoryPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
+from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
+from tuiwatch.viewer.screens.help import HelpScreen
 from tuiwatch.viewer.sources import FileSource, SocketSource
-from tuiwatch.viewer.widgets import ConfirmStop, HeaderBar, HelpScreen
 from tuiwatch.wire.discovery import find_socket_by_name
 from tuiwatch.wire.socketdir import list_sockets
 
 from .helpers import finish, start_training, wait_until
-from .viewer_helpers import FIXED_NOW, RecordingApp, plain, until
+from .viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, until
 
 LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
 
@@ -32,7 +35,7 @@ async def test_replay_shows_the_ledgers_values_on_every_pane():
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
         await until(pilot, lambda: app.state.status == "finished", what="the replay to finish")
-        await pilot.pause(0.1)
+        await drawn(pilot)
         header = app.query_one(HeaderBar).render().plain  # type: ignore[union-attr]
         assert "demo-mlp@gpu-box" in header
         assert "step 149" in header
@@ -78,14 +81,32 @@ async def test_stop_from_the_viewer_ends_the_run_with_reason_stopped(tmp_path: P
     finish(run)
 
 
+async def test_a_pane_redraws_only_when_its_view_changed():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.status == "finished", what="the replay to finish")
+        await drawn(pilot)
+        panes: list[Any] = [app.query_one(cls) for cls in (TrainingPane, TimingPane, MemoryPane, AlertsPane)]
+        views = [pane.view for pane in panes]
+        await drawn(pilot)  # the same state, the same clock: every view is equal to the one shown
+        # An equal view is not even assigned (reactive), so nothing is refreshed.
+        assert all(pane.view is view for pane, view in zip(panes, views, strict=True))
+        app.state.apply({"kind": "step", "t": 2.0, "step": 10_000, "loss": 0.5, "data_wait_s": 0.5, "compute_s": 0.1})
+        app.redraw(force=True)
+        changed = [pane.view is not view for pane, view in zip(panes, views, strict=True)]
+        # A CPU step changes the training and timing charts; no memory reading, no alert: those stay.
+        assert changed == [True, True, False, False]
+
+
 async def test_keys_change_the_window_full_screen_help_and_quit():
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.state.status == "finished")
         training = app.query_one(TrainingPane)
         await pilot.press("w")
-        await pilot.pause(0.1)
-        assert training.window == 1000
+        await drawn(pilot)
+        assert training.view is not None
+        assert training.view.loss.window == 1000
         assert "last 1,000 steps" in plain(training)
         await pilot.press("w", "w")
         assert app.window_index == 0
@@ -113,7 +134,7 @@ async def test_alerts_are_shown_newest_first_with_their_next_check():
     app = RecordingApp(FileSource(LEDGERS / "alerts.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
         await until(pilot, lambda: app.state.status == "finished")
-        await pilot.pause(0.1)
+        await drawn(pilot)
         lines = plain(app.query_one(AlertsPane)).splitlines()
         assert lines[0] == "crit    120 nonfinite: first at step 120, boundary=grad (loss finite, grad norm inf)"
         assert lines[1] == "  → fix that boundary; dump saved"
@@ -133,7 +154,7 @@ async def test_strings_from_a_run_are_shown_literally(tmp_path: Path):
     app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
         await until(pilot, lambda: app.state.step == 0)
-        await pilot.pause(0.1)
+        await drawn(pilot)
         shown = [plain(app.query_one(TrainingPane)), plain(app.query_one(AlertsPane))]
         shown.append(app.query_one(HeaderBar).render().plain)  # type: ignore[union-attr]
         for text in shown:
@@ -154,7 +175,7 @@ async def test_live_run_status_goes_live_disconnected_live_finished(tmp_path: Pa
     app = RecordingApp(source)
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.state.status == "live" and (app.state.step or 0) > 20, what="live steps")
-        await pilot.pause(0.1)
+        await drawn(pilot)
         header = app.query_one(HeaderBar).render().plain  # type: ignore[union-attr]
         shown_step = int(header.split("step ")[1].split()[0].replace(",", ""))
         assert 20 < shown_step <= (app.state.step or 0)

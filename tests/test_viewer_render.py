@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from rich.style import Style
+
 from tuiwatch.analysis.format import duration, number, safe, size
 from tuiwatch.ledger.reader import read_ledger
-from tuiwatch.viewer.render.chart import render_text
+from tuiwatch.viewer.render.chart import chart
 from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.state import RunState
 
@@ -54,12 +56,14 @@ def test_alerts_are_newest_first_and_the_end_reason_is_kept():
 
 def test_a_command_is_pending_until_its_action_arrives():
     state = RunState()
-    state.command_sent(3, "checkpoint", now=0.0)
-    assert 3 in state.pending
+    state.command_sent(3, "checkpoint")
+    assert state.pending == {3: "checkpoint"}
     assert state.alerts[0].message.startswith("checkpoint sent")
     state.apply({"kind": "action", "id": 3, "action": "checkpoint", "ok": True, "path": "runs/x/step-10.pt", "step": 9,
                  "bytes": 36012, "steps_done": 10})  # fmt: skip
     assert state.pending == {}
+    assert [r["id"] for r in state.take_answered()] == [3]  # the reply to this viewer's command, once
+    assert state.take_answered() == []
     assert state.alerts[0].message == "checkpoint written: runs/x/step-10.pt (35.2 KiB, step 10)"
     state.apply({"kind": "action", "id": 5, "action": "checkpoint", "ok": True, "path": "x.pt", "bytes": "huge"})
     assert state.alerts[0].message == "checkpoint written: x.pt"  # a field of the wrong type is left out
@@ -97,11 +101,16 @@ def test_a_replayed_or_non_finite_point_is_not_drawn():
     assert series.last_step == 6
 
 
+def drawn(series: Series, width: int, height: int, log: bool = False) -> list[str]:
+    """The chart as a pane draws it, as plain text."""
+    return [row.plain for row in chart([(series, Style())], width, height, None, log)]
+
+
 def test_a_rising_line_is_drawn_bottom_left_to_top_right():
     series = Series()
     for step in range(8):
         series.add(step, float(step))
-    assert render_text([series.window(None, 8)], 12, 2) == [
+    assert drawn(series, 12, 2) == [
         "      7┤⠀⠀⣠⠞",
         "      0┤⣠⠞⠁⠀",
     ]
@@ -111,10 +120,10 @@ def test_log_scale_labels_are_powers_and_empty_charts_say_so():
     series = Series()
     for step, value in enumerate([1.0, 10.0, 100.0, 1000.0]):
         series.add(step, value)
-    lines = render_text([series.window(None, 4)], 10, 3, log=True)
+    lines = drawn(series, 12, 3, log=True)
     assert lines[0].startswith("  1e+03┤")
     assert lines[-1].startswith("      1┤")
-    assert render_text([Series().window(None, 4)], 10, 3) == ["(no data yet)"]
+    assert drawn(Series(), 12, 3) == ["        (no data yet)", "", ""]
 
 
 def test_text_from_a_run_is_made_literal():
@@ -140,6 +149,6 @@ def test_a_nearly_flat_series_gets_axis_labels_that_differ():
     series = Series()
     for step in range(50):
         series.add(step, 324_000_000 + step * 1000)
-    lines = render_text([series.window(None, 40)], 30, 3)
+    lines = drawn(series, 30, 3)
     labels = [line.split("┤")[0].strip() for line in lines]
     assert labels == ["324.05M", "324.02M", "324M"]

@@ -41,3 +41,11 @@ async def until(pilot: Pilot[Any], predicate: Any, timeout: float = 20.0, what: 
             status = getattr(getattr(pilot.app, "state", None), "status", "?")
             raise AssertionError(f"timed out after {timeout}s waiting for {what} (viewer status: {status})")
         await pilot.pause(0.02)
+
+
+async def drawn(pilot: Pilot[Any]) -> None:
+    """Push the state down to the panes now and let the screen settle: no wait for the redraw timer."""
+    app = pilot.app
+    assert isinstance(app, TuiwatchApp)
+    app.redraw(force=True)
+    await pilot.pause()

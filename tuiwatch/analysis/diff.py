@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tuiwatch.ledger.fields import integer, num
 from tuiwatch.ledger.records import Record
 
 # In the order a step computes them: a difference in an earlier field explains the later ones.
@@ -36,15 +37,16 @@ class Difference:
 def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_close(x, y, rtol, atol) for x, y in zip(a, b, strict=True))
-    if type(a) in (int, float) and type(b) in (int, float):
-        if math.isnan(a) and math.isnan(b):
+    x, y = num(a), num(b)
+    if x is not None and y is not None:
+        if math.isnan(x) and math.isnan(y):
             return True
-        return a == b or math.isclose(a, b, rel_tol=rtol, abs_tol=atol)
+        return x == y or math.isclose(x, y, rel_tol=rtol, abs_tol=atol)
     return bool(a == b)
 
 
 def _steps(records: Iterable[Record]) -> dict[int, Record]:
-    return {r["step"]: r for r in records if r.get("kind") == "step" and type(r.get("step")) is int}
+    return {r["step"]: r for r in records if r.get("kind") == "step" and integer(r.get("step")) is not None}
 
 
 def first_difference(

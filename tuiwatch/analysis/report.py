@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from tuiwatch.analysis.format import duration, number, safe, size
+from tuiwatch.ledger.fields import finite, integer, num
 from tuiwatch.ledger.records import Record
 from tuiwatch.rules import Diagnosis
 
@@ -33,32 +35,32 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
     missing = 0  # records the file did not get (a full disk), from gap records
     for r in records:
         kind = r.get("kind")
-        t = r.get("t")
-        if isinstance(t, int | float):
+        t = num(r.get("t"))
+        if t is not None:
             first_t = t if first_t is None else first_t
             last_t = t
         if kind == "run":
             run = r
         elif kind == "step":
             steps += 1
-            loss = r.get("loss")
-            if isinstance(loss, int | float):
+            loss = num(r.get("loss"))
+            if loss is not None:
                 final_loss = loss
                 if math.isfinite(loss) and (best_loss is None or loss < best_loss):
                     best_loss, best_step = loss, _alert_key(r)[1]
-            wait += _seconds(r.get("data_wait_s"))
-            compute += _seconds(r.get("compute_s"))
-            peak = r.get("mem_peak")
-            if isinstance(peak, int | float):
+            wait += finite(r.get("data_wait_s")) or 0.0
+            compute += finite(r.get("compute_s")) or 0.0
+            peak = num(r.get("mem_peak"))
+            if peak is not None:
                 peak_mem = max(peak_mem or 0, peak)
-            finite = r.get("finite")
-            if isinstance(finite, dict) and False in finite.values():
+            flags = r.get("finite")
+            if isinstance(flags, dict) and False in flags.values():
                 nonfinite_steps += 1
         elif kind == "eval":
             evals += 1
         elif kind == "system":
-            rss = r.get("rss")
-            if isinstance(rss, int | float):
+            rss = num(r.get("rss"))
+            if rss is not None:
                 peak_rss = max(peak_rss or 0, rss)
         elif kind == "alert" and r.get("severity") != "info":
             rule = str(r.get("rule"))
@@ -66,8 +68,8 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
                                              "severity": str(r.get("severity"))})  # fmt: skip
             entry["count"] += 1
         elif kind == "gap":
-            lost = r.get("records")
-            missing += lost if type(lost) is int and lost > 0 else 0
+            lost = integer(r.get("records"))
+            missing += lost if lost is not None and lost > 0 else 0
         elif kind == "end":
             end = r
     total = wait + compute
@@ -92,18 +94,10 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
 
 
 def _alert_key(r: Record) -> tuple[str, int | None]:
-    step = r.get("step")
-    return str(r.get("rule")), step if type(step) is int else None
-
-
-def _seconds(value: Any) -> float:
-    """A duration field as seconds; 0 for anything that is not a finite number (a ledger from elsewhere)."""
-    return float(value) if type(value) in (int, float) and math.isfinite(value) else 0.0
+    return str(r.get("rule")), integer(r.get("step"))
 
 
 def as_text(summary: dict[str, Any]) -> str:
-    from tuiwatch.analysis.format import duration, number, safe, size
-
     share = summary["data_wait_share"]
     best_step = summary["best_step"]
     lines = [

@@ -6,7 +6,7 @@ import math
 import statistics
 from collections import deque
 
-from tuiwatch.ledger.fields import num
+from tuiwatch.ledger.fields import integer, num
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
 from tuiwatch.rules.base import Rule
 
@@ -65,7 +65,7 @@ class LossChance(Rule):
 
     def _push(self, record: Record) -> float | None:
         """The chance-level loss ln(C), once this record is in the window and C is known."""
-        if self.classes is None and type(record.get("classes")) is int:
+        if self.classes is None and integer(record.get("classes")) is not None:
             self.classes = record["classes"]
         loss = num(record.get("loss"))
         if loss is None or not math.isfinite(loss):

@@ -89,7 +89,7 @@ class NoUpdate(Rule):
         lr = record.get("lr")
         if record.get("opt_step") is None or record.get("opt_skipped") or not grad or not math.isfinite(grad):
             return None
-        lrs = [abs(v) for v in lr if type(v) in (int, float)] if isinstance(lr, list) else []
+        lrs = [abs(v) for v in map(num, lr) if v is not None] if isinstance(lr, list) else []
         if lrs and max(lrs) == 0:
             return None
         self.peak_lr = max(self.peak_lr, *lrs) if lrs else self.peak_lr
@@ -109,7 +109,7 @@ class NoUpdate(Rule):
         if not self._still(record):
             return None
         lr = record.get("lr")
-        top = max((abs(v) for v in lr if type(v) in (int, float)), default=None) if isinstance(lr, list) else None
+        top = max((abs(v) for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
         fallen = top is not None and top <= self.lr_fallen * self.peak_lr
         message = (
             f"gradients are nonzero (norm {record.get('grad_norm'):.3g}) but the parameters do not change "

@@ -1,4 +1,4 @@
-"""The viewer app: one source in, one RunState, four panes, keys that send commands."""
+"""The viewer app: one source in, one RunState folded from it, a view per pane pushed down, keys that send commands."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ from tuiwatch.analysis.format import safe
 from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
 from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import WINDOWS, Pane, window_label
+from tuiwatch.viewer.panes.header import HeaderBar
 from tuiwatch.viewer.panes.memory import MemoryPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
+from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
+from tuiwatch.viewer.screens.help import HelpScreen
 from tuiwatch.viewer.sources import Source
 from tuiwatch.viewer.state import RunState, describe_action
-from tuiwatch.viewer.widgets import ConfirmStop, HeaderBar, HelpScreen, header_text
+from tuiwatch.viewer.views import build_views
 
 READ_ONLY = "replay is read-only: commands need a live run (tuiwatch attach)"
 COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
@@ -56,7 +59,6 @@ class TuiwatchApp(App[None]):
         # Ids start at a random point: the run refuses an id it has seen, and
         # several viewers (or one that reconnects) share one run.
         self._ids = itertools.count(secrets.randbits(40) + 1)
-        self._sent: set[int] = set()
         self._commands_enabled: bool | None = None
         self.mode = "live" if source.live else "replay"
 
@@ -85,16 +87,15 @@ class TuiwatchApp(App[None]):
         if self._new_connection:
             # Every connection replays the run from its first record: start clean,
             # so nothing is counted twice across a reconnect. Only once records
-            # come: a connection that dies empty must not wipe what is shown.
-            self.state = RunState()
+            # come: a connection that dies empty must not wipe what is shown. Commands
+            # still in flight stay: their replies come on the new connection.
+            self.state = RunState(pending=self.state.pending)
             self._new_connection = False
         self.state.apply_all(message.records)
         self._dirty = True
-        for r in message.records:
-            if r.get("kind") == "action" and r.get("id") in self._sent:
-                self._sent.discard(r["id"])
-                text = describe_action(r, str(r.get("action")))
-                self.notify(safe(text), severity="information" if r.get("ok") else "error", markup=False)
+        for r in self.state.take_answered():
+            text = describe_action(r, str(r.get("action")))
+            self.notify(safe(text), severity="information" if r.get("ok") else "error", markup=False)
 
     def on_source_connected(self, message: SourceConnected) -> None:
         self._new_connection = True
@@ -112,7 +113,10 @@ class TuiwatchApp(App[None]):
         self._dirty = True
 
     def redraw(self, force: bool = False) -> None:
-        """Push the state down to the panes (at most every refresh_s, and once a second for the clock)."""
+        """Push a view down to each pane (at most every refresh_s, and once a second for the clock).
+
+        A pane whose view is equal to the one it has does not redraw.
+        """
         now = self.clock()
         if not (self._dirty or force or int(now) != int(self._last_draw)):
             return
@@ -122,14 +126,16 @@ class TuiwatchApp(App[None]):
             return  # the timer fired while the screen is torn down at exit
         self._dirty = False
         self._last_draw = now
-        window = WINDOWS[self.window_index]
-        header.update(header_text(self.state, now, self.mode))
+        views = build_views(self.state, window=WINDOWS[self.window_index], now=now, mode=self.mode)
+        header.view = views.header
+        self.query_one(TrainingPane).view = views.training
+        self.query_one(TimingPane).view = views.timing
+        self.query_one(MemoryPane).view = views.memory
+        self.query_one(AlertsPane).view = views.alerts
         available = self._commands_available()
         if available != self._commands_enabled:
             self._commands_enabled = available
             self.refresh_bindings()
-        for pane in self.query(Pane):
-            pane.show(self.state, window, now)
 
     # --- keys ----------------------------------------------------------------------
 
@@ -141,8 +147,7 @@ class TuiwatchApp(App[None]):
         if not self.source.send(cmd, cmd_id):
             self.notify(f"{cmd}: not sent, the run is not connected", severity="error", markup=False)
             return
-        self.state.command_sent(cmd_id, cmd, self.clock())
-        self._sent.add(cmd_id)
+        self.state.command_sent(cmd_id, cmd)
         self.notify(f"{cmd} sent", markup=False)
         self._dirty = True
 
@@ -153,7 +158,7 @@ class TuiwatchApp(App[None]):
         return True
 
     def _commands_available(self) -> bool:
-        return self.source.live and self.state.status in ("live", "paused", "degraded", "connecting")
+        return self.source.live and self.state.live
 
     def action_checkpoint(self) -> None:
         self._send("checkpoint")

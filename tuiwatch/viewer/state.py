@@ -1,29 +1,29 @@
 """The run as the viewer knows it: a fold of ledger records. Pure: no Textual, no I/O.
 
-Every pane reads from one :class:`RunState`; the app applies records to it as
-they arrive and asks the panes to redraw. Memory is bounded whatever the
-run's length: series are decimated, alerts and actions are capped.
+The app applies records to one :class:`RunState` as they arrive;
+:mod:`tuiwatch.viewer.views` turns it into one frozen view per pane. Memory is
+bounded whatever the run's length: series are decimated, alerts are capped.
+Every field of a record is read through :mod:`tuiwatch.ledger.fields`: a
+ledger may come from anywhere.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
 
 from tuiwatch.analysis.format import size
-from tuiwatch.ledger.records import RESERVED_METRIC_NAMES, Record
+from tuiwatch.ledger.fields import integer, is_number, num
+from tuiwatch.ledger.records import EVAL_FIELDS, RESERVED_METRIC_NAMES, Record
 from tuiwatch.viewer.render.series import Series
 
-# Fields of a step record that are not user metrics.
-_STEP_INTERNAL = RESERVED_METRIC_NAMES
 MAX_ALERTS = 200
-MAX_METRICS = 32  # distinct user metrics charted; more are counted, not kept
+MAX_METRICS = 32  # distinct user metrics charted; more are not kept
+LIVE_STATUSES = ("live", "paused", "degraded", "connecting")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Alert:
     """One line of the alert pane: an alert record, or a command's fate."""
 
@@ -40,10 +40,10 @@ def describe_action(r: Record, action: str) -> str:
     """The line a command's reply is shown as (alert pane and notification)."""
     if r.get("ok") is not True:
         return f"{action} failed: {r.get('error') or 'no reason given'}"
-    path, done = r.get("path"), r.get("steps_done")
+    path, done = r.get("path"), integer(r.get("steps_done"))
     if action == "checkpoint" and path:
         n_bytes = r.get("bytes")
-        if not (is_number(n_bytes) and is_number(done)):
+        if not is_number(n_bytes) or done is None:
             return f"checkpoint written: {path}"
         return f"checkpoint written: {path} ({size(n_bytes)}, step {done})"
     if action == "dump" and path:
@@ -57,12 +57,6 @@ def describe_action(r: Record, action: str) -> str:
 
 
 @dataclass
-class PendingCommand:
-    cmd: str
-    sent: float
-
-
-@dataclass
 class RunState:
     run: Record = field(default_factory=dict)
     status: str = "connecting"
@@ -72,9 +66,7 @@ class RunState:
     first_t: float | None = None
     last_t: float | None = None
     last_step: Record = field(default_factory=dict)
-    last_eval: Record = field(default_factory=dict)
     last_system: Record = field(default_factory=dict)
-    publisher: Record = field(default_factory=dict)
     metrics: dict[str, Series] = field(default_factory=dict)
     eval_metrics: dict[str, Series] = field(default_factory=dict)
     lr: Series = field(default_factory=Series)
@@ -84,19 +76,18 @@ class RunState:
     mem_allocated: Series = field(default_factory=Series)
     rss: Series = field(default_factory=Series)
     alerts: deque[Alert] = field(default_factory=lambda: deque(maxlen=MAX_ALERTS))
-    pending: dict[int, PendingCommand] = field(default_factory=dict)
-    records: int = 0
-    dropped_metrics: int = 0
+    # Commands this viewer sent, by id, until their reply comes; replies land in ``answered``.
+    pending: dict[int, str] = field(default_factory=dict)
+    answered: list[Record] = field(default_factory=list)
 
     # --- folding -----------------------------------------------------------------
 
     def apply(self, record: Record) -> None:
-        self.records += 1
+        t = num(record.get("t"))
+        if t is not None:
+            self.first_t = self.first_t if self.first_t is not None else t
+            self.last_t = t
         kind = record.get("kind")
-        t = record.get("t")
-        if isinstance(t, int | float):
-            self.first_t = self.first_t if self.first_t is not None else float(t)
-            self.last_t = float(t)
         handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is not None:
             handler(self, record)
@@ -111,22 +102,14 @@ class RunState:
         self.end_reason = None
 
     def _step(self, r: Record) -> None:
-        step = r.get("step")
-        if not isinstance(step, int):
+        step = integer(r.get("step"))
+        if step is None:
             return
         self.step = step
-        self.epoch = r.get("epoch") if isinstance(r.get("epoch"), int) else self.epoch
+        epoch = integer(r.get("epoch"))
+        self.epoch = epoch if epoch is not None else self.epoch
         self.last_step = r
-        for name, value in r.items():
-            if name in _STEP_INTERNAL or not is_number(value):
-                continue
-            series = self.metrics.get(name)
-            if series is None:
-                if len(self.metrics) >= MAX_METRICS:
-                    self.dropped_metrics += 1
-                    continue
-                series = self.metrics[name] = Series()
-            series.add(step, float(value))
+        _add_metrics(self.metrics, r, RESERVED_METRIC_NAMES, step)
         lr = r.get("lr")
         if isinstance(lr, list) and lr and is_number(lr[0]):
             self.lr.add(step, float(lr[0]))
@@ -136,59 +119,48 @@ class RunState:
             (self.compute, "compute_s"),
             (self.mem_allocated, "mem_allocated"),
         ):
-            value = r.get(key)
-            if is_number(value):
-                series.add(step, float(value))
+            value = num(r.get(key))
+            if value is not None:
+                series.add(step, value)
 
     def _eval(self, r: Record) -> None:
-        step = r.get("step")
-        if not isinstance(step, int):
-            return
-        self.last_eval = r
-        for name, value in r.items():
-            if name in ("kind", "t", "step", "epoch", "training") or not is_number(value):
-                continue
-            series = self.eval_metrics.get(name)
-            if series is None:
-                if len(self.eval_metrics) >= MAX_METRICS:
-                    continue
-                series = self.eval_metrics[name] = Series()
-            series.add(step, float(value))
+        step = integer(r.get("step"))
+        if step is not None:
+            _add_metrics(self.eval_metrics, r, EVAL_FIELDS, step)
 
     def _system(self, r: Record) -> None:
         self.last_system = r
-        rss = r.get("rss")
-        if is_number(rss) and self.step is not None:
-            self.rss.add(self.step, float(rss))
+        rss = num(r.get("rss"))
+        if rss is not None and self.step is not None:
+            self.rss.add(self.step, rss)
 
     def _publisher(self, r: Record) -> None:
-        self.publisher = r
         if r.get("status") == "degraded" and self.status == "live":
             self.status = "degraded"
 
     def _alert(self, r: Record) -> None:
+        evidence = r.get("evidence")
         self.alerts.appendleft(
             Alert(
                 severity=str(r.get("severity", "info")),
-                step=r.get("step") if isinstance(r.get("step"), int) else None,
+                step=integer(r.get("step")),
                 rule=str(r.get("rule", "")),
                 message=str(r.get("message", "")),
                 next_check=str(r.get("next_check") or ""),
-                t=float(r["t"]) if is_number(r.get("t")) else 0.0,
-                dump=str(evidence.get("dump") or "") if isinstance(evidence := r.get("evidence"), dict) else "",
+                t=num(r.get("t")) or 0.0,
+                dump=str(evidence.get("dump") or "") if isinstance(evidence, dict) else "",
             )
         )
 
     def _action(self, r: Record) -> None:
-        cmd_id = r.get("id")
-        pending = self.pending.pop(cmd_id, None) if isinstance(cmd_id, int) else None
-        action = str(r.get("action") or (pending.cmd if pending else "command"))
+        cmd_id = integer(r.get("id"))
+        sent = self.pending.pop(cmd_id, None) if cmd_id is not None else None
+        if sent is not None:
+            self.answered.append(r)
+        action = str(r.get("action") or sent or "command")
         ok = r.get("ok") is True
-        message = describe_action(r, action)
-        self.alerts.appendleft(
-            Alert("info" if ok else "warning", r.get("step") if isinstance(r.get("step"), int) else None,
-                  "command", message)
-        )  # fmt: skip
+        self.alerts.appendleft(Alert("info" if ok else "warning", integer(r.get("step")), "command",
+                                     describe_action(r, action)))  # fmt: skip
         if ok and action == "pause":
             self.status = "paused"
         elif ok and action == "resume":
@@ -204,9 +176,14 @@ class RunState:
         if self.status not in ("finished", "stopped"):
             self.status = "disconnected"
 
-    def command_sent(self, cmd_id: int, cmd: str, now: float | None = None) -> None:
-        self.pending[cmd_id] = PendingCommand(cmd, time.time() if now is None else now)
+    def command_sent(self, cmd_id: int, cmd: str) -> None:
+        self.pending[cmd_id] = cmd
         self.alerts.appendleft(Alert("info", self.step, "command", f"{cmd} sent, waiting for the next step boundary"))
+
+    def take_answered(self) -> list[Record]:
+        """The replies to this viewer's commands that arrived since the last call."""
+        answered, self.answered = self.answered, []
+        return answered
 
     # --- derived values ----------------------------------------------------------
 
@@ -214,12 +191,18 @@ class RunState:
     def name(self) -> str:
         return str(self.run.get("name") or "?")
 
+    @property
+    def live(self) -> bool:
+        """Whether the run may still take commands."""
+        return self.status in LIVE_STATUSES
+
     def elapsed(self, now: float | None = None) -> float | None:
-        started = self.run.get("t", self.first_t)
-        if not is_number(started):
+        started = num(self.run.get("t"))
+        started = started if started is not None else self.first_t
+        if started is None:
             return None
         end = self.last_t if self.status in ("finished", "stopped", "disconnected") or now is None else now
-        return None if end is None else float(end) - float(started)
+        return None if end is None else end - started
 
     def train_metric(self) -> str | None:
         """The metric to chart as 'loss': ``loss`` if logged, else the first one."""
@@ -234,8 +217,16 @@ class RunState:
         return next((n for n in self.eval_metrics if "loss" in n), None)
 
 
-def is_number(value: Any) -> TypeGuard[float]:
-    return type(value) is float or type(value) is int  # bool is not a number here
+def _add_metrics(series: dict[str, Series], r: Record, skip: Iterable[str], step: int) -> None:
+    for name, value in r.items():
+        if name in skip or not is_number(value):
+            continue
+        line = series.get(name)
+        if line is None:
+            if len(series) >= MAX_METRICS:
+                continue
+            line = series[name] = Series()
+        line.add(step, float(value))
 
 
 _HANDLERS = {

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tuiwatch.ledger.codec import encode
+from tuiwatch.ledger.fields import integer, num
 from tuiwatch.ledger.records import GapRecord, Record
 from tuiwatch.ledger.writer import FileLedger
 
@@ -43,13 +44,13 @@ class DiskGap:
         """``records`` reached the viewers but not the file."""
         self.lost += len(records)
         for r in records:
-            step, t = r.get("step"), r.get("t")
-            if r.get("kind") == "step" and isinstance(step, int):
+            step, t = integer(r.get("step")), num(r.get("t"))
+            if r.get("kind") == "step" and step is not None:
                 self._first_step = step if self._first_step is None else self._first_step
                 self._last_step = step
-            if isinstance(t, int | float):
-                self._first_t = float(t) if self._first_t is None else self._first_t
-                self._last_t = float(t)
+            if t is not None:
+                self._first_t = t if self._first_t is None else self._first_t
+                self._last_t = t
 
     def append(self, records: Sequence[Record], data: bytes, *, now: float, retry_now: bool = False) -> None:
         """Write ``data`` to the file if it takes it (after a ``gap`` record); else count it as lost."""

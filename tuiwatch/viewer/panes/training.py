@@ -4,60 +4,54 @@ from __future__ import annotations
 
 from rich.console import Group, RenderableType
 from rich.text import Text
+from textual.reactive import reactive
 
 from tuiwatch.analysis.format import number, safe
-from tuiwatch.viewer.panes.base import Pane, chart_lines, window_label
-
-TRAIN_STYLE = "bold cyan"
-EVAL_STYLE = "bold magenta"
+from tuiwatch.viewer.panes.base import Pane, window_label
+from tuiwatch.viewer.views import TrainingView
 
 
 class TrainingPane(Pane):
+    COMPONENT_CLASSES = {"pane--dim", "pane--train", "pane--eval", "pane--lr", "pane--lr-title", "pane--grad",
+                         "pane--grad-title", "pane--clipped"}  # fmt: skip
+    view: reactive[TrainingView | None] = reactive(None)
+
     def __init__(self) -> None:
         super().__init__("training", id="training")
 
     def render(self) -> RenderableType:
-        s = self.state
+        v = self.view
+        if v is None:
+            return Text("")
+        dim = self.style_of("dim")
         width, height = self.content_region.width, self.content_region.height
-        train, evaluation = s.train_metric(), s.eval_metric()
-        step = s.last_step
         # Three charts share the height; each has a title line.
         chart_h = max(1, (height - 4) // 3)
-        rows: list[Text] = []
-
         title = Text()
-        if train is not None:
-            title.append(f"{safe(train, 24)} ", style=TRAIN_STYLE)
-            title.append(number(s.metrics[train].current))
+        if v.train_name is not None:
+            title.append(f"{safe(v.train_name, 24)} ", style=self.style_of("train"))
+            title.append(number(v.train_value))
         else:
-            title.append("loss -", style="dim")
-        if evaluation is not None:
-            title.append(f"   {safe(evaluation, 24)} ", style=EVAL_STYLE)
-            title.append(number(s.eval_metrics[evaluation].current))
-        title.append(f"   {window_label(self.window)}", style="dim")
-        rows.append(title)
-        series = []
-        if train is not None:
-            series.append((s.metrics[train], TRAIN_STYLE))
-        if evaluation is not None:
-            series.append((s.eval_metrics[evaluation], EVAL_STYLE))
-        rows += chart_lines(series, width, chart_h, self.window)
-
-        lr = step.get("lr") if isinstance(step.get("lr"), list) else None
-        rows.append(Text.assemble(("lr (log) ", "bold green"), number(lr[0] if lr else s.lr.current)))
-        rows += chart_lines([(s.lr, "green")], width, chart_h, self.window, log=True)
-
-        clipped = " clipped" if step.get("grad_norm_clipped") else ""
+            title.append("loss -", style=dim)
+        if v.eval_name is not None:
+            title.append(f"   {safe(v.eval_name, 24)} ", style=self.style_of("eval"))
+            title.append(number(v.eval_value))
+        title.append(f"   {window_label(v.loss.window)}", style=dim)
+        rows = [title, *self.draw(v.loss, width, chart_h)]
+        rows.append(Text.assemble(("lr (log) ", self.style_of("lr-title")), number(v.lr_value)))
+        rows += self.draw(v.lr, width, chart_h)
         rows.append(
-            Text.assemble(("grad norm pre-clip (log) ", "bold yellow"), number(s.grad_norm.current), (clipped, "red"))
+            Text.assemble(
+                ("grad norm pre-clip (log) ", self.style_of("grad-title")),
+                number(v.grad_norm_value),
+                (" clipped" if v.grad_norm_clipped else "", self.style_of("clipped")),
+            )
         )
-        rows += chart_lines([(s.grad_norm, "yellow")], width, chart_h, self.window, log=True)
-
-        others = [n for n in s.metrics if n != train][:6]
-        if others and len(rows) < height:
+        rows += self.draw(v.grad_norm, width, chart_h)
+        if v.others and len(rows) < height:
             extra = Text()
-            for name in others:
-                extra.append(f"{safe(name, 20)} ", style="dim")
-                extra.append(f"{number(s.metrics[name].current)}  ")
+            for name, value in v.others:
+                extra.append(f"{safe(name, 20)} ", style=dim)
+                extra.append(f"{number(value)}  ")
             rows.append(extra)
         return Group(*rows[:height])

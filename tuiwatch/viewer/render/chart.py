@@ -1,7 +1,7 @@
 """Line charts in braille cells: 2×4 dots per character, with axes and labels.
 
-Pure: numbers in, rows of (character, series index) out. A widget turns the
-rows into coloured text.
+Pure: series in, rows of Rich ``Text`` out (:func:`chart`); :func:`plot`
+underneath places the dots as rows of (character, series index).
 """
 
 from __future__ import annotations
@@ -10,8 +10,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rich.style import Style
+from rich.text import Text
+
 from tuiwatch.analysis.format import number
-from tuiwatch.viewer.render.series import Column
+from tuiwatch.viewer.render.series import Column, Series
 
 _BRAILLE = 0x2800
 # Dot bits of a braille cell, by (column 0..1, row 0..3) from the top left.
@@ -123,9 +126,31 @@ def axis_labels(p: Plot, height: int) -> list[str]:
     return [label.rjust(LABEL_WIDTH - 1)[: LABEL_WIDTH - 1] + "┤" for label in labels]
 
 
-def render_text(series: Sequence[Sequence[Column]], width: int, height: int, log: bool = False) -> list[str]:
-    """The chart as plain strings (labels and cells); for tests and the report."""
-    p = plot(series, width - LABEL_WIDTH, height, log)
+def chart(
+    lines: Sequence[tuple[Series, Style]], width: int, height: int, window: int | None, log: bool = False
+) -> list[Text]:
+    """A chart as ``height`` rows of styled text: each series in its own style, axis labels on the left.
+
+    What a pane draws, and what the tests read (``.plain``): one path. The
+    series are decimated to two columns of dots per cell of the ``width``.
+    """
+    if height < 1 or width <= LABEL_WIDTH + 2:
+        return []
+    cells = width - LABEL_WIDTH
+    p = plot([s.window(window, cells * 2) for s, _ in lines], cells, height, log)
     if p is None:
-        return ["(no data yet)"]
-    return [label + "".join(ch for ch, _ in row) for label, row in zip(axis_labels(p, height), p.rows, strict=True)]
+        empty = "(no positive values)" if log and any(s.count for s, _ in lines) else "(no data yet)"
+        return [Text(" " * LABEL_WIDTH + empty, style="dim")] + [Text("")] * (height - 1)
+    rows = []
+    for label, row in zip(axis_labels(p, height), p.rows, strict=True):
+        text = Text(label, style="dim")
+        # One append per run of cells of the same series, not one per cell.
+        owner, run = row[0][1], list[str]()
+        for ch, cell_owner in row:
+            if cell_owner != owner:
+                text.append("".join(run), style=lines[owner][1] if owner >= 0 else "")
+                owner, run = cell_owner, []
+            run.append(ch)
+        text.append("".join(run), style=lines[owner][1] if owner >= 0 else "")
+        rows.append(text)
+    return rows

@@ -1,0 +1,35 @@
+"""The keys, on ``?``."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+HELP = """\
+c   checkpoint: the run writes a checkpoint and a dump of the batch, and goes on
+d   dump: the run writes a dump of the current batch
+p   pause / resume the run at the next step boundary
+s   stop the run (asks first)
+w   chart window: all steps / last 1,000 / last 100
+f   full-screen the focused pane (f again to go back)
+tab focus the next pane
+?   this help
+q   quit the viewer (the run goes on)
+
+Commands need a live run: replay is read-only."""
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "close", "close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog"):
+            yield Static(Text("keys", style="bold"))
+            yield Static(Text(HELP))
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,230 @@
+"""Frozen per-pane views: what each pane shows, built from the RunState by one pure function each.
+
+The app builds the views at each redraw and hands each pane its own; a pane
+renders from its view alone and only when the view changed (views compare by
+value, series by identity and point count). No pane reads a raw record: every
+field is read here, through :mod:`tuiwatch.ledger.fields`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tuiwatch.ledger.fields import finite, integer, num
+from tuiwatch.viewer.render.series import Series
+from tuiwatch.viewer.state import Alert, RunState
+
+MAX_OTHER_METRICS = 6
+
+
+@dataclass(frozen=True)
+class Line:
+    """One series of a chart and the component class it is drawn with."""
+
+    series: Series  # compared by identity: a new connection's series is another line
+    points: int  # the series' point count when the view was made: more points, another chart
+    role: str
+
+    @classmethod
+    def of(cls, series: Series, role: str) -> Line:
+        return cls(series, series.count, role)
+
+
+@dataclass(frozen=True)
+class Chart:
+    lines: tuple[Line, ...]
+    window: int | None  # the last N steps, or None for the whole run
+    log: bool = False
+
+
+@dataclass(frozen=True)
+class HeaderView:
+    name: str
+    host: str | None
+    step: int | None
+    epoch: int | None
+    elapsed_s: int | None  # whole seconds: the header changes once a second, not at every frame
+    status: str
+    mode: str  # "live" or "replay"
+
+
+@dataclass(frozen=True)
+class TrainingView:
+    train_name: str | None
+    train_value: float | None
+    eval_name: str | None
+    eval_value: float | None
+    loss: Chart
+    lr_value: float | None
+    lr: Chart
+    grad_norm_value: float | None
+    grad_norm_clipped: bool
+    grad_norm: Chart
+    others: tuple[tuple[str, float | None], ...]  # further user metrics and their current values
+
+
+@dataclass(frozen=True)
+class TimingView:
+    data_wait_s: float | None
+    compute_s: float | None
+    examples_per_s: float | None
+    chart: Chart
+
+    @property
+    def step_s(self) -> float | None:
+        if self.data_wait_s is None or self.compute_s is None:
+            return None
+        return self.data_wait_s + self.compute_s
+
+
+@dataclass(frozen=True)
+class DeviceMemoryView:
+    """The CUDA allocator's counters of the last step, in bytes, and the device's total."""
+
+    allocated: float
+    reserved: float | None
+    peak: float | None
+    total: float | None
+    device: str
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """One NVML reading."""
+
+    index: str
+    util_percent: float | None
+    mem_used: float | None
+    mem_total: float | None
+    run_mem_used: float | None  # this run's own memory on that GPU
+    temp_c: float | None
+    power_w: float | None
+
+
+@dataclass(frozen=True)
+class MemoryView:
+    device: DeviceMemoryView | None  # None when the run reports no device memory (CPU)
+    gpus: tuple[GpuView, ...]
+    gpu_error: str | None
+    cpu_percent: float | None
+    rss: float | None
+    workers: int | None
+    workers_cpu_percent: float | None
+    chart_label: str
+    chart: Chart
+
+
+@dataclass(frozen=True)
+class AlertsView:
+    alerts: tuple[Alert, ...]  # newest first
+
+
+@dataclass(frozen=True)
+class Views:
+    header: HeaderView
+    training: TrainingView
+    timing: TimingView
+    memory: MemoryView
+    alerts: AlertsView
+
+
+def build_views(state: RunState, *, window: int | None, now: float | None, mode: str) -> Views:
+    return Views(
+        header_view(state, now, mode),
+        training_view(state, window),
+        timing_view(state, window),
+        memory_view(state, window),
+        AlertsView(tuple(state.alerts)),
+    )
+
+
+def header_view(state: RunState, now: float | None, mode: str) -> HeaderView:
+    elapsed = state.elapsed(now)
+    host = state.run.get("host")
+    return HeaderView(state.name, str(host) if host else None, state.step, state.epoch,
+                      None if elapsed is None else int(elapsed), state.status, mode)  # fmt: skip
+
+
+def training_view(state: RunState, window: int | None) -> TrainingView:
+    train, evaluation = state.train_metric(), state.eval_metric()
+    step = state.last_step
+    lr = step.get("lr")
+    lr_value = num(lr[0]) if isinstance(lr, list) and lr else state.lr.current
+    loss_lines = []
+    if train is not None:
+        loss_lines.append(Line.of(state.metrics[train], "train"))
+    if evaluation is not None:
+        loss_lines.append(Line.of(state.eval_metrics[evaluation], "eval"))
+    others = [n for n in state.metrics if n != train][:MAX_OTHER_METRICS]
+    return TrainingView(
+        train_name=train,
+        train_value=state.metrics[train].current if train is not None else None,
+        eval_name=evaluation,
+        eval_value=state.eval_metrics[evaluation].current if evaluation is not None else None,
+        loss=Chart(tuple(loss_lines), window),
+        lr_value=lr_value,
+        lr=Chart((Line.of(state.lr, "lr"),), window, log=True),
+        grad_norm_value=state.grad_norm.current,
+        grad_norm_clipped=step.get("grad_norm_clipped") is True,
+        grad_norm=Chart((Line.of(state.grad_norm, "grad"),), window, log=True),
+        others=tuple((n, state.metrics[n].current) for n in others),
+    )
+
+
+def timing_view(state: RunState, window: int | None) -> TimingView:
+    step = state.last_step
+    return TimingView(
+        finite(step.get("data_wait_s")),
+        finite(step.get("compute_s")),
+        finite(step.get("examples_per_s")),
+        Chart((Line.of(state.compute, "compute"), Line.of(state.data_wait, "wait")), window),
+    )
+
+
+def device_total(run: Mapping[str, Any], gpus: list[Any] | None) -> float | None:
+    """The run's device memory: from the run record, else NVML's reading of that device."""
+    total = finite(run.get("mem_total"))
+    if total is not None and total > 0:
+        return total
+    device = run.get("device")
+    if not gpus or not isinstance(device, str) or not device.startswith("cuda"):
+        return None
+    device = device if ":" in device else "cuda:0"
+    reading = next(
+        (finite(g.get("mem_total")) for g in gpus if isinstance(g, dict) and g.get("device") == device), None
+    )
+    return reading if reading is not None and reading > 0 else None
+
+
+def gpu_view(gpu: Mapping[str, Any]) -> GpuView:
+    return GpuView(str(gpu.get("index")), finite(gpu.get("util")), finite(gpu.get("mem_used")),
+                   finite(gpu.get("mem_total")), finite(gpu.get("process_mem_used")), finite(gpu.get("temp")),
+                   finite(gpu.get("power")))  # fmt: skip
+
+
+def memory_view(state: RunState, window: int | None) -> MemoryView:
+    step, system = state.last_step, state.last_system
+    gpus = system.get("gpus") if isinstance(system.get("gpus"), list) else None
+    allocated = finite(step.get("mem_allocated"))
+    device = None
+    if allocated is not None:
+        device = DeviceMemoryView(allocated, finite(step.get("mem_reserved")), finite(step.get("mem_peak")),
+                                  device_total(state.run, gpus), str(state.run.get("device")))  # fmt: skip
+    worker_cpu = system.get("workers_cpu_percent")
+    workers = integer(system.get("workers"))
+    busy = sum(v for v in map(finite, worker_cpu) if v is not None) if isinstance(worker_cpu, list) else None
+    on_device = state.mem_allocated.count > 0
+    reason = system.get("gpu_error")
+    return MemoryView(
+        device=device,
+        gpus=tuple(gpu_view(g) for g in gpus or [] if isinstance(g, dict)),
+        gpu_error=str(reason) if reason else None,
+        cpu_percent=finite(system.get("cpu_percent")),
+        rss=finite(system.get("rss")),
+        workers=workers,
+        workers_cpu_percent=busy if workers else None,
+        chart_label="allocated" if on_device else "rss",
+        chart=Chart((Line.of(state.mem_allocated if on_device else state.rss, "memory"),), window),
+    )
