@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import tuiwatch
-from tuiwatch.demo.faults.common import mlp, separable
+from tuiwatch.demo.problems import mlp, separable
 
 from .helpers import env_for
 

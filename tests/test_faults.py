@@ -12,10 +12,10 @@ from torch import nn
 
 import tuiwatch
 from tuiwatch.demo.faults import FAULTS, scenario
-from tuiwatch.demo.faults.common import Outcome
 from tuiwatch.demo.healthy import VARIANTS
+from tuiwatch.demo.loop import Outcome
 from tuiwatch.demo.matrix import HEALTHY_STEPS, SEEDS, healthy_row
-from tuiwatch.demo.training import MODELS
+from tuiwatch.demo.problems import MODELS
 from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.dumps import Dump
 

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import tuiwatch
-from tuiwatch.demo.faults.common import mlp, separable
 from tuiwatch.demo.faults.log_zero import handwritten_cross_entropy
+from tuiwatch.demo.problems import mlp, separable
 
 ce = nn.functional.cross_entropy
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from tuiwatch.demo.faults.common import Outcome, train
-from tuiwatch.demo.training import PROBLEMS
+from tuiwatch.demo.loop import Outcome, Validation, train
+from tuiwatch.demo.problems import PROBLEMS
 
 VARIANTS = ("plain", "tuned")
 
@@ -36,7 +36,7 @@ def run_healthy(
     torch.manual_seed(seed)
     tuned = variant == "tuned"
     problem = PROBLEMS[model_name](seed, dropout=0.1 if tuned else 0.0)
-    options: dict[str, Any] = {"val": problem.val, "val_every": 100}
+    options: dict[str, Any] = {"val": Validation(problem.val, every=100)}
     if tuned:
         accumulate = 2
         scheduler = torch.optim.lr_scheduler.LambdaLR(problem.optimizer, warmup_cosine(steps // accumulate, 50))

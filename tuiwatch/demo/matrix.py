@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuiwatch.demo.faults import FAULTS, scenario
 from tuiwatch.demo.healthy import VARIANTS, run_healthy
-from tuiwatch.demo.training import MODELS
+from tuiwatch.demo.problems import MODELS
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.records import Record
 

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from tuiwatch import NonFiniteError
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, train
+from tuiwatch.demo.loop import Outcome, train
+from tuiwatch.demo.problems import loader, mlp, seeded_problem
 
 RULE = "grad-explosion"
 STARTS = 60

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tuiwatch.demo.faults.common import Outcome, mlp, seeded_problem, train
+from tuiwatch.demo.loop import Outcome, train
+from tuiwatch.demo.problems import mlp, seeded_problem
 
 RULE = "loss-spike"
 STARTS = 50

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, separable, train
+from tuiwatch.demo.loop import Outcome, Validation, train
+from tuiwatch.demo.problems import loader, mlp, seeded_problem, separable
 
 RULE = "eval-mode"
 STARTS = 100
@@ -20,8 +21,9 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     g, x, y = seeded_problem(seed)
     model = mlp(dropout=0.3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    val = Validation(separable(512, g), every=STARTS, in_train_mode=True)  # the bug: no model.eval()
     return train(model, optimizer, loader(x, y, g), name="fault-eval-train-mode", steps=steps, run_dir=run_dir,
-                 seed=seed, val=separable(512, g), val_every=STARTS, val_in_train_mode=True, **kw)  # fmt: skip
+                 seed=seed, val=val, **kw)  # fmt: skip
 
 
 if __name__ == "__main__":

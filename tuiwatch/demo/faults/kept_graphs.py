@@ -14,10 +14,16 @@ from typing import Any
 
 import torch
 
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, train
+from tuiwatch.demo.loop import Outcome, train
+from tuiwatch.demo.problems import loader, mlp, seeded_problem
 
 RULE = "memory-growth"
 STARTS = 0
+
+
+def keep_the_graph(outcome: Outcome, loss: torch.Tensor) -> bool:
+    outcome.kept.append(loss)  # the bug: each loss keeps its whole graph alive...
+    return True  # ...and backward(retain_graph=True) keeps its tensors
 
 
 def run(steps: int = 3000, seed: int = 0, run_dir: str | None = "runs", **kw: Any) -> Outcome:
@@ -27,7 +33,7 @@ def run(steps: int = 3000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     kw.setdefault("system", 0.25)
     kw.setdefault("delay_s", 0.005)
     return train(model, optimizer, loader(x, y, g, batch_size=256), name="fault-kept-graphs", steps=steps,
-                 run_dir=run_dir, seed=seed, keep_losses=True, **kw)  # fmt: skip  # the bug: keep_losses
+                 run_dir=run_dir, seed=seed, on_loss=keep_the_graph, **kw)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuiwatch.demo.faults.common import Outcome, train
+from tuiwatch.demo.loop import Outcome, train
 
 RULE = "oom"
 STARTS = 20

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from tuiwatch.demo.faults.common import Outcome, loader, seeded_problem, separable, train
+from tuiwatch.demo.loop import Outcome, Validation, train
+from tuiwatch.demo.problems import loader, seeded_problem, separable
 
 RULE = "overfit"
 STARTS = 0
@@ -25,7 +26,7 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     model = nn.Sequential(nn.Linear(2, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     return train(model, optimizer, loader(x, y, g, batch_size=16), name="fault-overfit", steps=steps,
-                 run_dir=run_dir, seed=seed, val=separable(1024, g), val_every=25, **kw)  # fmt: skip
+                 run_dir=run_dir, seed=seed, val=Validation(separable(1024, g), every=25), **kw)  # fmt: skip
 
 
 if __name__ == "__main__":

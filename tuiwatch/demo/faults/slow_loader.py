@@ -11,7 +11,8 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from tuiwatch.demo.faults.common import Outcome, loader, mlp, seeded_problem, train
+from tuiwatch.demo.loop import Outcome, train
+from tuiwatch.demo.problems import loader, mlp, seeded_problem
 
 RULE = "data-bound"
 STARTS = 0
