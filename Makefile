@@ -3,7 +3,7 @@
 VENV ?= .venv
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo check bench sshd
+.PHONY: demo check unit bench sshd
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -33,3 +33,7 @@ sshd:
 		{ apt-get update -q >/dev/null 2>&1 && apt-get install -y -q openssh-server >/dev/null 2>&1; } || \
 		echo "could not install openssh-server: the SSH tests will be skipped"; \
 	fi
+
+# The suite without the real-process integration tests (the fast inner loop; CI runs `check`).
+unit: $(STAMP)
+	$(VENV)/bin/pytest -m "not integration"

@@ -3,8 +3,8 @@
 A facade: the work is done by the parts it wires together once, in
 :meth:`Watch.__init__` — a :class:`StepTracker` (the step count and the open
 step), the model and optimizer hooks, the failure handlers (OOM, non-finite),
-the viewer commands, the dumps, and the publishing started by
-:func:`start_publishing` (pipeline thread, ledger, socket).
+the viewer commands, the dumps, and the publishing (pipeline thread, ledger,
+socket) opened by :func:`open_publishing` and started once those exist.
 """
 
 from __future__ import annotations
@@ -70,20 +70,13 @@ class Watch:
         stop: str = "flag",
         tcp: bool | str = False,
     ):
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"tuiwatch.Watch needs a torch.nn.Module as model, got {type(model).__name__}")
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"tuiwatch.Watch needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if on_nonfinite not in ON_NONFINITE:
-            raise ValueError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
-        if stop not in STOP_MODES:
-            raise ValueError(f"stop must be 'flag' (watch.should_stop) or 'raise' (StopRequested), got {stop!r}")
-        if not isinstance(every, int) or every < 1:
-            raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        _check_arguments(model, optimizer, on_nonfinite=on_nonfinite, stop=stop, every=every)
         tcp_address = tcp_option(tcp)  # a bad address is refused before anything is created
         diagnosis = Diagnosis(rules)  # raises for an unknown rule id, before anything is created
         self.model = model
         self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
         self.name = name or default_name()
         self.every = every
         self.on_nonfinite = on_nonfinite
@@ -237,6 +230,10 @@ class Watch:
         """True once a viewer asked the run to stop (``s``): end the loop, then close."""
         return self._commands.should_stop
 
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self._commands.should_stop = bool(value)  # a loop may stop itself the same way
+
     # --- checkpoints ------------------------------------------------------------------
 
     def checkpoint_state(self) -> dict[str, Any]:
@@ -308,3 +305,17 @@ class Watch:
     def _forked_child(self) -> None:
         self._tracker.off = True
         self._pipeline.abandon_after_fork()
+
+
+def _check_arguments(model: Any, optimizer: Any, *, on_nonfinite: str, stop: str, every: Any) -> None:
+    """One line for the first bad argument, before anything is created."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"tuiwatch.Watch needs a torch.nn.Module as model, got {type(model).__name__}")
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"tuiwatch.Watch needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if on_nonfinite not in ON_NONFINITE:
+        raise ValueError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
+    if stop not in STOP_MODES:
+        raise ValueError(f"stop must be 'flag' (watch.should_stop) or 'raise' (StopRequested), got {stop!r}")
+    if not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an integer >= 1, got {every!r}")

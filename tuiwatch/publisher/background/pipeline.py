@@ -1,12 +1,12 @@
 """The publisher's one background thread: resolve, encode, write, serve.
 
 The training thread only calls :meth:`Pipeline.put`, which appends to a
-bounded buffer under a lock held for two list operations. Everything slow
-(reading device values, JSON, the file, the sockets, system sampling)
-happens here, every ``period_s``. When the buffer is full the oldest item is
-dropped and counted, and the count reaches the ledger as a ``publisher``
-record. An exception in here never reaches training: the run goes on, the
-status becomes ``degraded`` and one warning goes to stderr.
+bounded buffer (:mod:`.buffer`). Everything slow (reading device values,
+JSON, the file through its :mod:`.sink`, the sockets of the :mod:`.server`,
+system sampling) happens here, every ``period_s``. What the buffer dropped
+reaches the ledger as a ``publisher`` record. An exception in here never
+reaches training: the run goes on, the status becomes ``degraded`` and one
+warning goes to stderr.
 """
 
 from __future__ import annotations
@@ -21,25 +21,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, cast
+from typing import Any, NamedTuple
 
 from tuiwatch.ledger.records import AlertRecord, EndRecord, PublisherRecord, Record
 from tuiwatch.ledger.writer import LedgerStore
+from tuiwatch.publisher.background.buffer import Item, RecordBuffer
 from tuiwatch.publisher.background.server import Server, TcpListener
 from tuiwatch.publisher.background.sink import LedgerSink
 from tuiwatch.publisher.background.system import SystemSampler
 from tuiwatch.rules import Diagnosis
 from tuiwatch.wire.protocol import Command
-
-
-class PendingRecord(Protocol):
-    """A record whose values may still be on the device."""
-
-    def ready(self) -> bool: ...
-    def build(self) -> Record: ...
-
-
-Item = Record | PendingRecord
 
 
 class Counters(NamedTuple):
@@ -52,13 +43,6 @@ class Counters(NamedTuple):
     viewers: int
 
 
-# How long a record may wait for its device values before it is written with
-# what is there: longer than any sane step (a run whose GPU step takes 20 s
-# still gets every value), while a CUDA stream that never completes delays
-# only the step records, never the thread, the viewers or other records.
-MAX_WAIT_S = 60.0
-# At close and at a sync, how long the last records may wait for theirs.
-FINAL_WAIT_S = 1.0
 # A ledger write or fsync blocked this long is a hung disk: close() stops waiting for it.
 STUCK_STORE_S = 1.0
 # Records kept in memory for dumps ("the last ledger records").
@@ -77,20 +61,15 @@ class Pipeline:
         diagnosis: Diagnosis | None = None,
     ):
         self.sink = LedgerSink(store)
-        self.capacity = capacity
+        self.buffer = RecordBuffer(capacity)
         self.period_s = period_s
         self.server: Server | None = None
         self.diagnosis = diagnosis
         self.on_alert: Callable[[AlertRecord, list[Record]], str | None] | None = None
         self.recent: deque[Record] = deque(maxlen=RECENT_RECORDS)
-        self._syncs: list[threading.Event] = []
         self.status = "ok"
         self.error: str | None = None
-        self.dropped_records = 0
         self._end: EndRecord | None = None
-        self._lock = threading.Lock()
-        self._items: deque[Item] = deque()
-        self._head_since: float | None = None
         self._stopping = threading.Event()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -105,11 +84,11 @@ class Pipeline:
     # --- training thread -------------------------------------------------------------
 
     def put(self, item: Item) -> None:
-        with self._lock:
-            if len(self._items) >= self.capacity:
-                self._items.popleft()
-                self.dropped_records += 1
-            self._items.append(item)
+        self.buffer.put(item)
+
+    @property
+    def dropped_records(self) -> int:
+        return self.buffer.dropped
 
     def serve(
         self,
@@ -160,8 +139,7 @@ class Pipeline:
         if not self._thread.is_alive():
             return False
         done = threading.Event()
-        with self._lock:
-            self._syncs.append(done)
+        self.buffer.add_sync(done)
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
         return done.wait(timeout_s)
@@ -169,7 +147,7 @@ class Pipeline:
     def abandon_after_fork(self) -> None:
         """In a forked child: never write, serve or flush on the parent's behalf."""
         self._stopping.set()
-        self._items = deque()
+        self.buffer.clear()
         self.server = None
 
     # --- pipeline thread ------------------------------------------------------------------
@@ -183,10 +161,7 @@ class Pipeline:
             self._guard(self.server.close)
         self._guard(self._flush)
         self.sink.close()
-        with self._lock:
-            for done in self._syncs:
-                done.set()  # everything that will ever be written is
-            self._syncs.clear()
+        self.buffer.release_syncs()
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
@@ -198,8 +173,7 @@ class Pipeline:
                     self._wake_r.recv(4096)
             elif self.server is not None:
                 self._guard(functools.partial(self.server.handle, key, mask))
-        with self._lock:
-            syncs, self._syncs = self._syncs, []
+        syncs = self.buffer.take_syncs()
         self._drain(final=bool(syncs))
         if syncs:
             self._flush()
@@ -215,32 +189,13 @@ class Pipeline:
             self.server.pump()
 
     def _drain(self, final: bool) -> None:
-        with self._lock:
-            items = list(self._items)
-            self._items.clear()
-        if not items:
-            return
         records: list[Record] = []
-        final_until = time.monotonic() + FINAL_WAIT_S
-        for index, entry in enumerate(items):
-            if isinstance(entry, dict):
-                records.append(entry)
+        for item in self.buffer.take_ready(final):
+            if isinstance(item, dict):
+                records.append(item)
                 continue
-            item = cast(PendingRecord, entry)
-            if final:
-                while not item.ready() and time.monotonic() < final_until:
-                    time.sleep(0.001)  # device values polled, never waited on with a sync
-            elif not item.ready():
-                now = time.monotonic()
-                self._head_since = self._head_since or now
-                if now - self._head_since < MAX_WAIT_S:
-                    # Keep order: this item and all after it wait for the next cycle.
-                    with self._lock:
-                        self._items.extendleft(reversed(items[index:]))
-                    break
-            self._head_since = None
             try:
-                records.append(item.build())
+                records.append(item.build())  # type: ignore[union-attr]
             except Exception as exc:  # one bad value must not cost the rest
                 self._degrade(exc)
         self._append(self._diagnose(records))

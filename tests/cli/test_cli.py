@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .helpers import env_for, finish, ledger_file, records, start_training, wait_until
+import pytest
+
+from ..helpers import env_for, finish, ledger_file, records, start_training, wait_until
+
+pytestmark = pytest.mark.integration  # the command line in subprocesses, with real trainings
 
 TUIWATCH = [sys.executable, "-m", "tuiwatch"]
 
@@ -133,7 +137,7 @@ def test_usage_errors_are_one_line(socket_dir: Path):
     )
 
 
-FIXTURES = Path(__file__).parent / "fixtures" / "ledgers"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "ledgers"
 
 
 def test_report_summarises_a_ledger_as_text_and_json(socket_dir: Path):

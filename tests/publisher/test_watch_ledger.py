@@ -11,7 +11,9 @@ import pytest
 from tuiwatch.ledger.records import FINITE_BOUNDARIES, RUN_FIELDS, STEP_FIELDS, SYSTEM_FIELDS
 from tuiwatch.wire.socketdir import list_sockets
 
-from .helpers import finish, ledger_file, load_truth, records, start_training
+from ..helpers import finish, ledger_file, load_truth, records, start_training
+
+pytestmark = pytest.mark.integration  # a real training script in a subprocess
 
 NULL_ON_CPU = {"mem_allocated", "mem_reserved", "mem_peak", "tokens"}
 SAMPLED = {"update_norm"}  # every 10th optimizer step by default (the run record says so)

@@ -8,13 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tuiwatch.viewer.sources import CommandSource
 from tuiwatch.wire.discovery import choose_remote_run, parse_remote
 
-from .helpers import env_for, finish, start_training, wait_until
-from .ssh_helpers import Sshd
-from .tmux_helpers import HEADER, capture
-from .viewer_helpers import RecordingApp, until
+from ..helpers import env_for, finish, start_training, wait_until
+from ..ssh_helpers import Sshd
+from ..tmux_helpers import HEADER, capture
+from ..viewer_helpers import RecordingApp, until
+
+pytestmark = pytest.mark.integration  # a real sshd on loopback
 
 
 def tw(socket_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

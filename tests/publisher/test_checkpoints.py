@@ -15,6 +15,8 @@ import torch
 
 from tuiwatch.publisher.checkpoints import FORMAT, CheckpointError, load_checkpoint, write_checkpoint
 
+pytestmark = pytest.mark.integration  # checkpoints of real trainings, some killed mid-write
+
 MB = 1 << 20
 SIZE_MB = 8  # large enough that a write takes several ms: the kills land inside writes
 

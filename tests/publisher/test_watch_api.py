@@ -18,7 +18,7 @@ from tuiwatch.publisher import pending as steps_module
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.watch import Watch
 
-from .helpers import records
+from ..helpers import LOADED_MACHINE_S, records
 
 
 def _mlp() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -225,7 +225,8 @@ def test_close_is_bounded_with_a_stalled_viewer(run_root: Path, socket_dir: Path
         watch.log(loss=nn.functional.cross_entropy(model(x), y))
     started = time.monotonic()
     watch.close()
-    assert time.monotonic() - started < 2.0
+    # close() waits at most 2 s by design; waiting for this viewer would never end.
+    assert time.monotonic() - started < LOADED_MACHINE_S
     viewer.close()
     assert _ledger(watch)[-1]["kind"] == "end"
 

@@ -6,7 +6,6 @@ import os
 import shutil
 import socket
 import stat
-import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +17,9 @@ from tuiwatch.ledger.codec import decode, encode
 from tuiwatch.wire.protocol import MAX_LINE_BYTES, LineSplitter, connect, iter_records
 from tuiwatch.wire.socketdir import list_sockets
 
-from .helpers import count_steps, finish, ledger_file, records, start_training, wait_for_ledger, wait_until
+from ..helpers import count_steps, finish, ledger_file, records, start_training, wait_for_ledger, wait_until
+
+pytestmark = pytest.mark.integration  # real sockets between real processes
 
 
 def _socket_of(socket_dir: Path) -> Path:
@@ -142,10 +143,11 @@ def _step_times(ledger: Path) -> list[float]:
 
 
 def test_a_viewer_that_never_reads_does_not_slow_training_and_is_dropped(tmp_path: Path, socket_dir: Path):
-    args = ("--steps", "1500", "--step-sleep", "0.002", "--samples", "4096", "--stall-s", "0.5")
+    # How much a frozen viewer costs, paired against none, is measured by bench/stalled_viewer.py
+    # (docs/security.md); here: nothing waits for it, nothing is lost, and it is dropped.
+    args = ("--steps", "1500", "--step-sleep", "0.004", "--samples", "4096", "--stall-s", "2.0")
     baseline = tmp_path / "a"
     finish(start_training(baseline, socket_dir, *args))
-
     stalled = tmp_path / "b"
     proc = start_training(stalled, socket_dir, *args)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -154,13 +156,13 @@ def test_a_viewer_that_never_reads_does_not_slow_training_and_is_dropped(tmp_pat
     finish(proc)
     sock.close()
 
-    base_times, stalled_times = _step_times(ledger_file(baseline)), _step_times(ledger_file(stalled))
-    assert len(stalled_times) == 1500
-    # Blocking on the viewer would cost whole seconds; noise costs a fraction.
-    assert statistics.median(stalled_times) < 1.5 * statistics.median(base_times) + 0.001
-    assert max(stalled_times) < 0.5
+    stalled_times = _step_times(ledger_file(stalled))
+    assert len(stalled_times) == 1500  # a publisher stuck on the viewer would have dropped records
+    # A step that waited for the viewer would last until it is dropped (2 s); a step lasts ~5 ms.
+    assert max(stalled_times) < 1.5
     end = records(ledger_file(stalled))[-1]
     assert end["reason"] == "finished"
+    assert end["dropped_viewers"] == 1
     assert end["dropped_viewers"] == 1
     assert end["dropped_records"] == 0
     # A viewer costs a cursor and one chunk, whatever it does: memory as without it.

@@ -16,7 +16,9 @@ from tuiwatch.publisher.checkpoints import Checkpoint
 from tuiwatch.wire.protocol import command_line, connect, iter_records
 from tuiwatch.wire.socketdir import list_sockets
 
-from .helpers import finish, ledger_file, load_truth, records, start_training, wait_until
+from ..helpers import finish, ledger_file, load_truth, records, start_training, wait_until
+
+pytestmark = pytest.mark.integration  # commands over a real socket to real trainings
 
 
 class Client:
@@ -138,8 +140,9 @@ def test_dump_pause_resume_and_commands_run_once_in_order(run_root: Path, socket
                        ("resume", 5, True), ("stop", 6, True)]  # fmt: skip
     steps = records(ledger, "step")
     around = next(s for s in steps if s["step"] == last + 1)
-    assert around["data_wait_s"] < 0.5
-    assert all(s["compute_s"] < 0.5 for s in steps)
+    # The pause lasted over 2 s: counted as data wait or compute it would show here.
+    assert around["data_wait_s"] < 1.0
+    assert all(s["compute_s"] < 1.0 for s in steps)
     assert ledger_records[-1]["kind"] == "end"
     assert ledger_records[-1]["reason"] == "stopped"
     assert steps[-1]["step"] < 399

@@ -3,7 +3,7 @@
 ``gpu.jsonl`` is ``healthy.jsonl`` with the fields a CUDA run writes (device
 total, allocator bytes, NVML readings), made up: there is no GPU here.
 
-Regenerate after an intended change with ``pytest tests/test_viewer_snapshots.py --snapshot-update``
+Regenerate after an intended change with ``pytest tests/viewer/test_snapshots.py --snapshot-update``
 and look at the SVGs under ``tests/__snapshots__/`` before committing them.
 """
 
@@ -17,9 +17,9 @@ import pytest
 from tuiwatch.viewer.app import TuiwatchApp
 from tuiwatch.viewer.sources import FileSource
 
-from .viewer_helpers import FIXED_NOW, until
+from ..viewer_helpers import FIXED_NOW, until
 
-LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
+LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 CASES = {"healthy": "finished", "alerts": "finished", "killed": "disconnected", "gpu": "finished"}
 
 

@@ -6,15 +6,16 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tuiwatch.viewer.screens.run_picker import RunPicker
 from tuiwatch.viewer.sources import CommandSource, FileSource
 from tuiwatch.wire.discovery import LiveRun, resolve_target
 
-from .helpers import finish, start_training, wait_until
-from .viewer_helpers import FIXED_NOW, RecordingApp, until
+from ..helpers import finish, start_training, wait_until
+from ..viewer_helpers import FIXED_NOW, RecordingApp, until
 
-LEDGERS = Path(__file__).parent / "fixtures" / "ledgers"
+LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 
 
 def line(record: dict[str, object]) -> bytes:
@@ -67,6 +68,7 @@ async def test_the_picker_returns_the_chosen_run():
     assert picker.return_value is runs[1]
 
 
+@pytest.mark.integration
 def test_a_target_can_be_a_pid_or_a_socket_path(run_root: Path, socket_dir: Path):
     proc = start_training(run_root, socket_dir, "--name", "bypid", "--steps", "300", "--step-sleep", "0.005")
     sock = wait_until(lambda: next(iter(socket_dir.glob("*.sock")), None), what="socket")

@@ -9,6 +9,8 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from tuiwatch.analysis.report import as_text, summarize
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import read_ledger
@@ -16,7 +18,18 @@ from tuiwatch.ledger.writer import FileLedger
 from tuiwatch.wire.protocol import connect, iter_records
 from tuiwatch.wire.socketdir import list_sockets
 
-from .helpers import count_steps, finish, ledger_file, records, start_training, wait_for_ledger, wait_until
+from ..helpers import (
+    LOADED_MACHINE_S,
+    count_steps,
+    finish,
+    ledger_file,
+    records,
+    start_training,
+    wait_for_ledger,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration  # floods, kills and full disks against real processes
 
 
 def _socket(socket_dir: Path) -> Path:
@@ -63,7 +76,7 @@ def test_a_flood_of_connections_and_killed_viewers_leave_no_fd_and_the_run_finis
     fresh = wait_until(lambda: _try_connect(path), what="a connection")
     first = next(iter_records(fresh))
     assert first["kind"] == "run"
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < LOADED_MACHINE_S  # not stuck behind the dead connections
     fresh.close()
     _, err = finish(proc)
     assert "Traceback" not in err
@@ -73,8 +86,10 @@ def test_a_flood_of_connections_and_killed_viewers_leave_no_fd_and_the_run_finis
 
 def test_a_writer_killed_mid_write_leaves_a_clean_prefix(tmp_path: Path):
     rng = random.Random(0)  # noqa: S311 - the moments of the kills, not secrets
-    torn = 0
-    for round_ in range(200):
+    torn = rounds = 0
+    # Until 20 kills landed inside a write (or 1,000 rounds on a machine slow to start the writers).
+    while torn < 20 and rounds < 1000:
+        round_, rounds = rounds, rounds + 1
         path = tmp_path / f"ledger-{round_}.jsonl"
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns
@@ -97,7 +112,7 @@ def test_a_writer_killed_mid_write_leaves_a_clean_prefix(tmp_path: Path):
         assert steps == list(range(len(steps)))  # a clean prefix: nothing missing, nothing mangled
         assert reader.skipped <= 1  # at most the one torn last line
         torn += reader.skipped
-    assert torn >= 20  # the kills did land inside writes
+    assert torn >= 1, f"no kill landed inside a write in {rounds} rounds: the test tested nothing"
 
 
 def test_a_full_disk_leaves_the_ledger_on_a_record_boundary_and_the_run_goes_on(run_root: Path, socket_dir: Path):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,8 @@ from tuiwatch.demo.matrix import HEALTHY_STEPS, SEEDS, healthy_row
 from tuiwatch.demo.problems import MODELS
 from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.dumps import Dump
+
+pytestmark = pytest.mark.integration  # every fault and the healthy matrix train for real
 
 # fault → (steps to run, the step the fault begins (None: when the planted sample is drawn), most steps to detect)
 EXPECTED: dict[str, tuple[int, int | None, int]] = {
@@ -63,6 +65,7 @@ def test_every_fault_has_a_scenario_and_an_expectation():
     assert set(FAULT_NAMES) == set(FAULTS)
 
 
+@pytest.mark.timeout(600)  # kept-graphs trains 1,500 steps: ~15 s idle, 45 s beside two CPU hogs
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_the_expected_rule_names_the_fault_soon(name: str, run_root: Path, socket_dir: Path):
     _outcome, ledger = run(name, run_root)
@@ -185,11 +188,22 @@ def test_a_missing_dump_is_a_one_line_error(tmp_path: Path):
         tuiwatch.load_dump(tmp_path)
 
 
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch's thread pool spin-waits at each op: beside other jobs on 2 cores, one thread is steady."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# 1,000 steps each: ~10 s on an idle 2-core machine, 40-120 s beside two CPU hogs.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("seed", list(SEEDS))
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("model", list(MODELS))
 def test_healthy_runs_raise_no_warning_or_critical_alert(model: str, variant: str, seed: int, tmp_path: Path,
-                                                          socket_dir: Path):  # fmt: skip
+                                                          socket_dir: Path, one_torch_thread: None):  # fmt: skip
     row = healthy_row(model, variant, seed, tmp_path)
     assert row.steps == HEALTHY_STEPS
     assert row.alerts == []

@@ -13,8 +13,10 @@ import pytest
 from tuiwatch.analysis.format import number
 from tuiwatch.ledger.reader import read_ledger
 
-from .helpers import wait_until
-from .tmux_helpers import HEADER, capture
+from ..helpers import wait_until
+from ..tmux_helpers import HEADER, capture
+
+pytestmark = pytest.mark.integration  # a real terminal through tmux
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 LOSS = re.compile(r"│ loss (\S+)")

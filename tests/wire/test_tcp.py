@@ -31,8 +31,10 @@ from tuiwatch.wire.tcp import (
     token_line,
 )
 
-from .helpers import env_for, finish, ledger_file, records, start_training, wait_until
-from .viewer_helpers import RecordingApp, until
+from ..helpers import env_for, finish, ledger_file, records, start_training, wait_until
+from ..viewer_helpers import RecordingApp, until
+
+pytestmark = pytest.mark.integration  # real TCP connections to real trainings
 
 
 def token_file_of(socket_dir: Path) -> Path:

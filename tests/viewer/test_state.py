@@ -1,0 +1,69 @@
+"""The viewer's fold: a ledger in, the run as the panes need it out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.viewer.state import RunState
+
+LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
+
+
+def fold(name: str) -> RunState:
+    state = RunState()
+    state.apply_all(read_ledger(LEDGERS / name))
+    return state
+
+
+def test_folding_a_finished_ledger_gives_its_last_values():
+    records = list(read_ledger(LEDGERS / "healthy.jsonl"))
+    steps = [r for r in records if r["kind"] == "step"]
+    state = fold("healthy.jsonl")
+    assert state.status == "finished"
+    assert state.end_reason == "finished"
+    assert state.step == steps[-1]["step"] == 149
+    assert state.metrics["loss"].current == steps[-1]["loss"]
+    assert state.grad_norm.current == steps[-1]["grad_norm"]
+    assert state.eval_metric() == "val_loss"
+    assert state.eval_metrics["val_loss"].count == 3
+    assert state.name == "demo-mlp"
+    assert state.run["host"] == "gpu-box"
+
+
+def test_status_goes_live_then_disconnected_when_the_ledger_has_no_end():
+    state = fold("killed.jsonl")
+    assert state.status == "live"
+    state.disconnected()
+    assert state.status == "disconnected"
+
+
+def test_alerts_are_newest_first_and_the_end_reason_is_kept():
+    state = fold("alerts.jsonl")
+    assert [(a.rule, a.step, a.severity) for a in state.alerts] == [
+        ("nonfinite", 120, "critical"),
+        ("loss-spike", 60, "warning"),
+    ]
+    assert state.end_reason == "nonfinite"
+    assert state.status == "finished"
+
+
+def test_a_command_is_pending_until_its_action_arrives():
+    state = RunState()
+    state.command_sent(3, "checkpoint")
+    assert state.pending == {3: "checkpoint"}
+    assert state.alerts[0].message.startswith("checkpoint sent")
+    state.apply({"kind": "action", "id": 3, "action": "checkpoint", "ok": True, "path": "runs/x/step-10.pt", "step": 9,
+                 "bytes": 36012, "steps_done": 10})  # fmt: skip
+    assert state.pending == {}
+    assert [r["id"] for r in state.take_answered()] == [3]  # the reply to this viewer's command, once
+    assert state.take_answered() == []
+    assert state.alerts[0].message == "checkpoint written: runs/x/step-10.pt (35.2 KiB, step 10)"
+    state.apply({"kind": "action", "id": 5, "action": "checkpoint", "ok": True, "path": "x.pt", "bytes": "huge"})
+    assert state.alerts[0].message == "checkpoint written: x.pt"  # a field of the wrong type is left out
+    state.apply({"kind": "action", "id": 6, "action": "pause", "ok": True, "step": 9})
+    assert state.alerts[0].message == "paused after step 9"
+    assert state.status == "paused"
+    state.apply({"kind": "action", "id": 4, "action": "pause", "ok": False, "error": "disk full", "step": 9})
+    assert state.alerts[0].message == "pause failed: disk full"
+    assert state.alerts[0].severity == "warning"
