@@ -98,7 +98,7 @@ def test_at_close_pending_values_are_polled_for_and_never_waited_on(tmp_path: Pa
         pipeline.put(s)
     pipeline.start()
     threading.Timer(0.1, lambda: setattr(late, "done", True)).start()  # the GPU finishes step 0 a bit later
-    assert pipeline.close({"kind": "end", "t": 1.0, "reason": "finished"})
+    assert pipeline.close({"kind": "end", "t": 1.0, "reason": "finished", "steps": 2, "opt_steps": 0})
     steps = [r for r in read_ledger(tmp_path / "ledger.jsonl") if r["kind"] == "step"]
     assert [(r["compute_s"], r["loss"]) for r in steps] == [
         (pytest.approx(0.025), 0.75),

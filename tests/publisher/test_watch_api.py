@@ -206,7 +206,7 @@ def test_a_full_buffer_drops_the_oldest_and_says_so(tmp_path: Path):
         pipeline.put({"kind": "step", "step": i})
     assert pipeline.dropped_records == 5
     pipeline.start()
-    assert pipeline.close({"kind": "end", "reason": "finished"})
+    assert pipeline.close({"kind": "end", "t": 1.0, "reason": "finished", "steps": 15, "opt_steps": 0})
     ledger = list(read_ledger(tmp_path / "ledger.jsonl"))
     assert [r["step"] for r in ledger if r["kind"] == "step"] == list(range(5, 15))
     assert [r for r in ledger if r["kind"] == "publisher"][-1]["dropped_records"] == 5

@@ -155,19 +155,14 @@ class GapRecord(TypedDict):
     error: str | None
 
 
-class EndRecord(TypedDict, total=False):
+class EndRecord(TypedDict):
+    """The last line; as it is written, the ``publisher`` record's fields are merged in (docs/ledger.md)."""
+
     kind: Literal["end"]
     t: float
     reason: str
     steps: int
     opt_steps: int
-    # The publisher's counters, merged in as it closes.
-    status: str
-    dropped_records: int
-    dropped_viewers: int
-    refused_peers: int
-    viewers: int
-    error: str | None
 
 
 # Every kind tuiwatch writes; readers keep and ignore any other.
