@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from tuiwatch.publisher.nested import tensors
 
 
 @dataclass
@@ -34,21 +36,8 @@ class NonFiniteSite:
         return "; ".join(parts)
 
 
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, list | tuple):
-        for v in obj:
-            yield from _tensors(v)
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif hasattr(obj, "logits"):
-        yield from _tensors(obj.logits)
-
-
 def _finite(obj: Any) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in _tensors(obj) if t.is_floating_point() or t.is_complex())
+    return all(bool(torch.isfinite(t).all()) for t in tensors(obj) if t.is_floating_point() or t.is_complex())
 
 
 def _call(model: torch.nn.Module, batch: Any) -> Any:

@@ -19,8 +19,6 @@ from torch import nn
 LossFn = Callable[[Any, Any], torch.Tensor]
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
-REASONS = ("fits", "zero-gradients", "no-parameter-change", "loss-flat-with-changing-parameters", "nonfinite",
-           "slow-progress")  # fmt: skip
 FIT_FACTOR = 10.0  # the loss must fall at least this many times
 FLAT_FACTOR = 0.9  # a final loss above this share of the first is flat
 
@@ -30,6 +28,8 @@ class OverfitResult:
     """The verdict, its evidence, and the curves (one value per step)."""
 
     passed: bool
+    # "fits", "zero-gradients", "no-parameter-change", "loss-flat-with-changing-parameters", "nonfinite" or
+    # "slow-progress" (docs/microscope.md)
     reason: str
     explanation: str
     losses: list[float] = field(default_factory=list)

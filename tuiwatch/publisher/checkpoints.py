@@ -19,17 +19,16 @@ import pickle
 import random
 import shutil
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from tuiwatch._version import __version__
 from tuiwatch.analysis.format import size
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.publisher.atomic import move_into_place
+from tuiwatch.publisher.nested import tensors
 
 FORMAT = 1
 # Room kept free beyond the checkpoint's own size, so that a checkpoint never fills the disk to the last byte.
@@ -86,23 +85,12 @@ def restore_rng(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, list | tuple):
-        for v in obj:
-            yield from _tensors(v)
-
-
 def write_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> tuple[Path, int]:
     """Write ``state`` as ``directory/step-<step>.pt`` atomically; (path, bytes) or :class:`CheckpointError`."""
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob(".tmp-*"):
         stale.unlink(missing_ok=True)  # left by a write that a crash interrupted
-    need = sum(t.nbytes for t in _tensors(state)) + (1 << 20)
+    need = sum(t.nbytes for t in tensors(state)) + (1 << 20)
     free = shutil.disk_usage(directory).free
     if free < need + SPARE_BYTES:
         raise CheckpointError(
@@ -149,10 +137,6 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         epoch_rng=data.get("epoch_rng"),
         versions=data.get("versions", {}),
     )
-
-
-def versions() -> dict[str, Any]:
-    return {"tuiwatch": __version__, "torch": str(torch.__version__), "python": sys.version.split()[0]}
 
 
 __all__ = ["Checkpoint", "CheckpointError", "load_checkpoint", "restore_rng", "rng_states", "write_checkpoint"]

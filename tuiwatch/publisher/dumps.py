@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
-import socket
-import sys
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,13 +27,14 @@ from typing import Any, NamedTuple
 
 import torch
 
-from tuiwatch._version import __version__
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.records import AlertRecord, Record
 from tuiwatch.publisher.atomic import fsync_path, move_into_place
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
+from tuiwatch.publisher.environment import environment
+from tuiwatch.publisher.nested import tensors
 
 DUMP_REASONS = ("nonfinite", "oom", "loss-spike")
 
@@ -90,34 +88,6 @@ class Dump:
     files: list[str] = field(default_factory=list)
 
 
-def environment(seed: int | None) -> dict[str, Any]:
-    """Versions, command line, seed and determinism switches: what it takes to rerun this."""
-    cudnn = torch.backends.cudnn
-    try:
-        import numpy
-
-        numpy_version: str | None = numpy.__version__
-    except ImportError:
-        numpy_version = None
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": numpy_version,
-        "tuiwatch": __version__,
-        "cuda": torch.version.cuda,
-        "cudnn": cudnn.version() if cudnn.is_available() else None,  # type: ignore[no-untyped-call]
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "argv": list(sys.argv),
-        "seed": seed,
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cudnn_deterministic": bool(cudnn.deterministic),
-        "cudnn_benchmark": bool(cudnn.benchmark),
-        "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
-        "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED"),
-    }
-
-
 def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
@@ -137,16 +107,9 @@ def nonfinite_samples(batch: Any, batch_ids: list[int] | None) -> list[int] | No
     if batch_ids is None:
         return None
     bad = torch.zeros(len(batch_ids), dtype=torch.bool)
-    stack = [batch]
-    while stack:
-        obj = stack.pop()
-        if isinstance(obj, torch.Tensor):
-            if obj.is_floating_point() and obj.dim() and obj.shape[0] == len(batch_ids):
-                bad |= ~torch.isfinite(obj.detach()).reshape(len(batch_ids), -1).all(dim=1).cpu()
-        elif isinstance(obj, list | tuple):
-            stack.extend(obj)
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
+    for t in tensors(batch):
+        if t.is_floating_point() and t.dim() and t.shape[0] == len(batch_ids):
+            bad |= ~torch.isfinite(t.detach()).reshape(len(batch_ids), -1).all(dim=1).cpu()
     return [batch_ids[i] for i in bad.nonzero().flatten().tolist()]
 
 

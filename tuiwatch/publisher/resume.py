@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from tuiwatch.errors import TuiwatchError
-from tuiwatch.publisher.checkpoints import FORMAT, Checkpoint, load_checkpoint, restore_rng, rng_states, versions
+from tuiwatch.publisher.checkpoints import FORMAT, Checkpoint, load_checkpoint, restore_rng, rng_states
+from tuiwatch.publisher.environment import versions
 from tuiwatch.publisher.loader import IndexRecorder
 from tuiwatch.publisher.steps import StepTracker
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from tuiwatch._version import __version__
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.records import SCHEMA, RunRecord
+from tuiwatch.publisher import environment
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.wire.socketdir import safe_name
 
@@ -84,6 +84,7 @@ def make_run_record(
 ) -> RunRecord:
     """Everything known about the run at its start, its Watch's settings last."""
     rank, world = rank_and_world()
+    versions = environment.versions()
     return {
         "kind": "run",
         "t": time.time(),
@@ -97,12 +98,12 @@ def make_run_record(
         "argv": list(sys.argv),
         "seed": seed,
         "seeding": last_seeding(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        "torch": versions["torch"],
+        "cuda": versions["cuda"],
         "device": str(device),
         "mem_total": device_total_memory(device),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "tuiwatch": __version__,
+        "tuiwatch": versions["tuiwatch"],
         "run_dir": None if run_dir is None else str(run_dir),
         "socket": None if socket_path is None else str(socket_path),
         "socket_error": socket_error,

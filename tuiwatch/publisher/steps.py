@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.deferred import PendingDuration, defer, device_mark
 from tuiwatch.publisher.dumps import KeptBatch, RecentBatches
@@ -91,3 +92,18 @@ class StepTracker:
     def last_step_number(self) -> int | None:
         """The step the run is at for a command's reply: the last one opened."""
         return self.step - 1 if self.step else None
+
+
+def add_metrics(target: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """What ``watch.log(**metrics)`` adds to a step or an eval; a one-line error for what it cannot record."""
+    for key, value in metrics.items():
+        if key in RESERVED_METRIC_NAMES:
+            raise ValueError(f"tuiwatch: '{key}' is a field tuiwatch records itself; log it under another name")
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"tuiwatch: log({key}=...) needs a scalar, got a tensor of shape {list(value.shape)}")
+            target[key] = defer(value)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            target[key] = value
+        else:
+            raise TypeError(f"tuiwatch: log({key}=...) needs a number or a scalar tensor, got {type(value).__name__}")

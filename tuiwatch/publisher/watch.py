@@ -18,11 +18,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from tuiwatch.ledger.records import END_REASONS, RESERVED_METRIC_NAMES
+from tuiwatch.ledger.records import END_REASONS
 from tuiwatch.publisher import process, resume
 from tuiwatch.publisher.checkpoints import Checkpoint
 from tuiwatch.publisher.commands import CommandRunner
-from tuiwatch.publisher.deferred import defer
 from tuiwatch.publisher.dumps import DumpWriter
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.hooks import ModelHooks, default_param_norm_every, default_update_norm_every
@@ -32,7 +31,7 @@ from tuiwatch.publisher.pending import EvalState
 from tuiwatch.publisher.run_record import default_name
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
-from tuiwatch.publisher.steps import StepTracker
+from tuiwatch.publisher.steps import StepTracker, add_metrics
 from tuiwatch.rules import Diagnosis, RulesConfig
 from tuiwatch.wire.tcp import tcp_option
 
@@ -184,21 +183,7 @@ class Watch:
             tracker.eval.training = bool(tracker.eval.training) or self.model.training
         else:
             target = tracker.current().metrics
-        for key, value in metrics.items():
-            if key in RESERVED_METRIC_NAMES:
-                raise ValueError(f"tuiwatch: '{key}' is a field tuiwatch records itself; log it under another name")
-            if isinstance(value, torch.Tensor):
-                if value.numel() != 1:
-                    raise ValueError(
-                        f"tuiwatch: log({key}=...) needs a scalar, got a tensor of shape {list(value.shape)}"
-                    )
-                target[key] = defer(value)
-            elif isinstance(value, int | float) and not isinstance(value, bool):
-                target[key] = value
-            else:
-                raise TypeError(
-                    f"tuiwatch: log({key}=...) needs a number or a scalar tensor, got {type(value).__name__}"
-                )
+        add_metrics(target, metrics)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, **kwargs: Any) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters; records the pre-clip norm."""

@@ -24,7 +24,7 @@ from tuiwatch.ledger.codec import DecodeError, decode
 from tuiwatch.ledger.reader import ledger_path
 from tuiwatch.ledger.records import Record
 from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
-from tuiwatch.wire.protocol import LineSplitter, ProtocolError, command_line
+from tuiwatch.wire.protocol import LineSplitter, ProtocolError, command_line, connect
 from tuiwatch.wire.tcp import TcpTarget, connect_tcp, format_address
 
 BATCH_S = 0.03
@@ -105,11 +105,9 @@ class SocketSource:
         path = self.path
         if self._find is not None and self.name and not path.exists():
             path = self._find(self.name) or path
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.connect(str(path))
+            sock = connect(path)
         except OSError:
-            sock.close()
             return None
         self.path, self.label = path, str(path)
         with self._lock:

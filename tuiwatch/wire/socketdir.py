@@ -109,22 +109,18 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_sockets(directory: Path) -> list[SocketEntry]:
     """Remove sockets whose process is gone or that nothing listens on; return the live ones."""
-    import socket as _socket
+    from tuiwatch.wire.protocol import connect
 
     live = []
     for entry in list_sockets(directory):
         stale = not _pid_alive(entry.pid)
         if not stale:
-            probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             try:
-                probe.settimeout(1.0)
-                probe.connect(str(entry.path))
+                connect(entry.path, timeout=1.0).close()
             except (ConnectionRefusedError, FileNotFoundError):
                 stale = True
             except OSError:
                 pass  # busy or slow: leave it alone
-            finally:
-                probe.close()
         if stale:
             with contextlib.suppress(OSError):
                 os.unlink(entry.path)
