@@ -95,13 +95,18 @@ def sync_free(run_dir: Path, device: torch.device) -> None:
     steps = [r for r in ledger if r["kind"] == "step"]
     expected = [float(v) for v in losses]
     got = [s.get("loss") for s in steps]
-    same = len(got) == len(expected) and all(isinstance(g, float) and math.isclose(g, e, rel_tol=1e-6)
-                                             for g, e in zip(got, expected, strict=True))  # fmt: skip
+    same = len(got) == len(expected) and all(
+        isinstance(g, float) and math.isclose(g, e, rel_tol=1e-6) for g, e in zip(got, expected, strict=True)
+    )
     check("2 deferred losses equal the loop's", same, f"{len(got)} steps, first {got[:2]} vs {expected[:2]}")
     finite = all(s["finite"]["forward"] is True and s["finite"]["grad"] is True for s in steps)
     check("2 finiteness and grad norms resolved", finite and all(s["grad_norm"] for s in steps))
-    mem = all(isinstance(s.get("mem_allocated"), int) and s["mem_allocated"] <= s["mem_reserved"] and
-              isinstance(s.get("mem_peak"), int) for s in steps)  # fmt: skip
+    mem = all(
+        isinstance(s.get("mem_allocated"), int)
+        and s["mem_allocated"] <= s["mem_reserved"]
+        and isinstance(s.get("mem_peak"), int)
+        for s in steps
+    )
     check(
         "3 memory fields on every step",
         mem,
@@ -110,8 +115,11 @@ def sync_free(run_dir: Path, device: torch.device) -> None:
     system = [r for r in ledger if r["kind"] == "system"]
     gpus = [g for r in system for g in (r.get("gpus") or [])]
     readings = bool(gpus) and all(gpus[0].get(k) is not None for k in ("util", "mem_used", "mem_total"))
-    check("4 NVML readings in system records", readings,
-          str(gpus[0])[:200] if gpus else str([r.get("gpu_error") for r in system][:1]))  # fmt: skip
+    check(
+        "4 NVML readings in system records",
+        readings,
+        str(gpus[0])[:200] if gpus else str([r.get("gpu_error") for r in system][:1]),
+    )
 
 
 def stop_mode(run_dir: Path, device: torch.device) -> None:
@@ -157,8 +165,11 @@ def cuda_oom(run_dir: Path, device: torch.device) -> None:
     alerts = [r for r in ledger if r["kind"] == "alert" and r["rule"] == "oom"]
     evidence = alerts[0]["evidence"] if alerts else {}
     check("6 CUDA OOM re-raised unchanged", raised is not None)
-    check("6 oom alert with allocated/reserved", "mem_allocated" in evidence and "mem_reserved" in evidence,
-          str({k: evidence.get(k) for k in ("mem_allocated", "mem_reserved", "dump")}))  # fmt: skip
+    check(
+        "6 oom alert with allocated/reserved",
+        "mem_allocated" in evidence and "mem_reserved" in evidence,
+        str({k: evidence.get(k) for k in ("mem_allocated", "mem_reserved", "dump")}),
+    )
     dump = Path(str(evidence.get("dump", "")))
     check("6 dump has cuda_memory.txt", (dump / "cuda_memory.txt").is_file(), str(dump))
 
@@ -207,8 +218,11 @@ def event_timing(run_dir: Path, device: torch.device) -> None:
     ledger = list(tuiwatch.read_ledger(watch.run_dir or ""))
     events = [r["compute_s"] for r in ledger if r["kind"] == "step"][5:]
     ratio = statistics.median(events) / statistics.median(host[5:])
-    check("8 compute_s from events within 10% of synchronised host time", abs(ratio - 1) < 0.10,
-          f"median {statistics.median(events) * 1e3:.2f} ms vs {statistics.median(host[5:]) * 1e3:.2f} ms")  # fmt: skip
+    check(
+        "8 compute_s from events within 10% of synchronised host time",
+        abs(ratio - 1) < 0.10,
+        f"median {statistics.median(events) * 1e3:.2f} ms vs {statistics.median(host[5:]) * 1e3:.2f} ms",
+    )
     run = ledger[0]
     total = torch.cuda.get_device_properties(device).total_memory
     check("8 run record mem_total is the device's", run.get("mem_total") == total, f"{run.get('mem_total')}")
@@ -220,8 +234,11 @@ def event_timing(run_dir: Path, device: torch.device) -> None:
             reserved = r["mem_reserved"]
         elif r["kind"] == "system" and reserved is not None and r.get("gpus"):
             pairs.append((r["gpus"][0].get("mem_used") or 0, reserved))
-    check("8 NVML memory used >= allocator reserved", bool(pairs) and all(u >= res for u, res in pairs),
-          f"{len(pairs)} readings, last used {pairs[-1][0] if pairs else None} vs reserved {reserved}")  # fmt: skip
+    check(
+        "8 NVML memory used >= allocator reserved",
+        bool(pairs) and all(u >= res for u, res in pairs),
+        f"{len(pairs)} readings, last used {pairs[-1][0] if pairs else None} vs reserved {reserved}",
+    )
     gpus = [g for r in ledger if r["kind"] == "system" for g in (r.get("gpus") or [])]
     mine = [g.get("process_mem_used") for g in gpus]
     check("8 this process's GPU memory read by NVML", any(isinstance(m, int) and m > 0 for m in mine), str(mine[:3]))

@@ -26,8 +26,22 @@ from typing import Any
 import orjson
 
 # Fields that change from one run of the same seed to the next.
-VOLATILE = {"t", "started", "run_id", "pid", "host", "argv", "run_dir", "socket", "socket_error", "tcp",
-            "data_wait_s", "compute_s", "examples_per_s", "seeding"}  # fmt: skip
+VOLATILE = {
+    "t",
+    "started",
+    "run_id",
+    "pid",
+    "host",
+    "argv",
+    "run_dir",
+    "socket",
+    "socket_error",
+    "tcp",
+    "data_wait_s",
+    "compute_s",
+    "examples_per_s",
+    "seeding",
+}
 SAMPLED_KINDS = {"system", "publisher"}
 # (scenario, demo arguments): a healthy run of each model and faults whose rules dump or stop.
 RUNS = [
@@ -62,10 +76,26 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             env = {**os.environ, "TUIWATCH_DIR": tmp}
             subprocess.run(
-                [sys.executable, "-m", "tuiwatch", "demo", "--no-viewer", "--delay", "0", "--seed", "3",
-                 "--run-dir", f"{tmp}/runs", *demo_args],
-                check=False, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "tuiwatch",
+                    "demo",
+                    "--no-viewer",
+                    "--delay",
+                    "0",
+                    "--seed",
+                    "3",
+                    "--run-dir",
+                    f"{tmp}/runs",
+                    *demo_args,
+                ],
+                check=False,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=600,
+            )
             ledgers = sorted(Path(tmp, "runs").glob("*/ledger.jsonl"))
             lines = []
             for ledger in ledgers:

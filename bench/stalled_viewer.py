@@ -48,8 +48,19 @@ def train(workdir: Path, steps: int, stall_s: float | None) -> tuple[list[float]
     socket_dir = workdir / "s"
     socket_dir.mkdir(mode=0o700)
     env = {**os.environ, "TUIWATCH_DIR": str(socket_dir)}
-    argv = [sys.executable, "-m", "tuiwatch", "demo", "--no-viewer", "--delay", "0", "--steps", str(steps),
-            "--run-dir", str(workdir / "runs")]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "tuiwatch",
+        "demo",
+        "--no-viewer",
+        "--delay",
+        "0",
+        "--steps",
+        str(steps),
+        "--run-dir",
+        str(workdir / "runs"),
+    ]
     run = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
     viewer = None
     if stall_s is not None:
@@ -78,8 +89,19 @@ def within_run(rounds: int, window_s: float) -> None:
         socket_dir = workdir / "s"
         socket_dir.mkdir(mode=0o700)
         env = {**os.environ, "TUIWATCH_DIR": str(socket_dir)}
-        argv = [sys.executable, "-m", "tuiwatch", "demo", "--no-viewer", "--delay", "0", "--steps", "100000000",
-                "--run-dir", str(workdir / "runs")]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "tuiwatch",
+            "demo",
+            "--no-viewer",
+            "--delay",
+            "0",
+            "--steps",
+            "100000000",
+            "--run-dir",
+            str(workdir / "runs"),
+        ]
         run = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while not list_sockets(socket_dir) and time.monotonic() < deadline:
@@ -148,8 +170,14 @@ def main() -> None:
                 work.mkdir()
                 runs[stalled] = train(work, args.steps, args.stop_s if stalled else None)
             (base, _), (with_viewer, end) = runs[False], runs[True]
-            rows.append((quantile(with_viewer, 0.5) / quantile(base, 0.5), quantile(with_viewer, 0.99) /
-                         quantile(base, 0.99), end.get("dropped_viewers"), end.get("dropped_records")))  # fmt: skip
+            rows.append(
+                (
+                    quantile(with_viewer, 0.5) / quantile(base, 0.5),
+                    quantile(with_viewer, 0.99) / quantile(base, 0.99),
+                    end.get("dropped_viewers"),
+                    end.get("dropped_records"),
+                )
+            )
     print("round  p50 with/without  p99 with/without  dropped viewers  dropped records")
     for n, (p50, p99, viewers, dropped) in enumerate(rows):
         print(f"{n:>5}  {p50:>16.3f}  {p99:>16.3f}  {viewers!s:>15}  {dropped!s:>15}")

@@ -93,21 +93,42 @@ def ledger(path: Path, steps: int) -> Path:
     with open(path, "wb") as f:
         f.write(orjson.dumps({"kind": "run", "t": 0.0, "name": "bench", "host": "h", "device": "cpu"}) + b"\n")
         for s in range(steps):
-            record = {"kind": "step", "t": 1.0 + s * 0.01, "step": s, "epoch": s // 1000, "loss": 1.0 / (1 + s),
-                      "lr": [0.1], "grad_norm": 1.0 + (s % 7), "data_wait_s": 0.001, "compute_s": 0.004,
-                      "examples_per_s": 12800.0}  # fmt: skip
+            record = {
+                "kind": "step",
+                "t": 1.0 + s * 0.01,
+                "step": s,
+                "epoch": s // 1000,
+                "loss": 1.0 / (1 + s),
+                "lr": [0.1],
+                "grad_norm": 1.0 + (s % 7),
+                "data_wait_s": 0.001,
+                "compute_s": 0.004,
+                "examples_per_s": 12800.0,
+            }
             f.write(orjson.dumps(record) + b"\n")
             if s % 1000 == 999:
-                f.write(orjson.dumps({"kind": "system", "t": 1.0 + s * 0.01, "cpu_percent": 99.0,
-                                      "rss": 300 << 20, "workers": 0, "gpus": None}) + b"\n")  # fmt: skip
+                f.write(
+                    orjson.dumps(
+                        {
+                            "kind": "system",
+                            "t": 1.0 + s * 0.01,
+                            "cpu_percent": 99.0,
+                            "rss": 300 << 20,
+                            "workers": 0,
+                            "gpus": None,
+                        }
+                    )
+                    + b"\n"
+                )
         f.write(orjson.dumps({"kind": "end", "t": 1e6, "reason": "finished"}) + b"\n")
     return path
 
 
 def run(tree: Path, script: str, *args: str) -> list[float]:
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    out = subprocess.run([sys.executable, "-c", script, *args], env=env, check=True, capture_output=True,
-                         text=True, timeout=900)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, check=True, capture_output=True, text=True, timeout=900
+    )
     return [float(v) for v in out.stdout.split()]
 
 
@@ -136,8 +157,10 @@ def main() -> None:
         load.append(os.getloadavg()[0])
         pairs = zip(names, got[args.old], got[args.new], strict=True)
         print(f"round {r + 1}: " + "  ".join(f"{n} {o:.1f}->{v:.1f}" for n, o, v in pairs), flush=True)
-    print(f"\nnew / old, median over {args.rounds} paired rounds [interquartile range]; "
-          f"load average {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} cores")  # fmt: skip
+    print(
+        f"\nnew / old, median over {args.rounds} paired rounds [interquartile range]; "
+        f"load average {min(load):.1f}-{max(load):.1f} on {os.cpu_count()} cores"
+    )
     for name in names:
         print(f"  {name:<22} {summary(ratios[name])}")
     print(f"  (publisher: µs per step over the bare loop; viewer: seconds to replay {args.records:,} steps)")

@@ -39,10 +39,22 @@ RUN = {"kind": "run", "t": 0.0, "name": "bench", "run_id": "bench", "host": "loc
 
 
 def step_record(step: int) -> bytes:
-    return orjson.dumps(
-        {"kind": "step", "t": time.time(), "step": step, "epoch": 0, "loss": 1.0 / (1 + step * 1e-3),
-         "lr": [0.1], "grad_norm": 1.0 + (step % 7) * 0.1, "data_wait_s": 1e-4, "compute_s": 1e-3}
-    ) + b"\n"  # fmt: skip
+    return (
+        orjson.dumps(
+            {
+                "kind": "step",
+                "t": time.time(),
+                "step": step,
+                "epoch": 0,
+                "loss": 1.0 / (1 + step * 1e-3),
+                "lr": [0.1],
+                "grad_norm": 1.0 + (step % 7) * 0.1,
+                "data_wait_s": 1e-4,
+                "compute_s": 1e-3,
+            }
+        )
+        + b"\n"
+    )
 
 
 def produce(path: str, rate: int, seconds: float, ready: Any) -> None:
@@ -204,15 +216,21 @@ def main() -> None:
 
     print(f"{'measure':<58} {'value':>14}  bar")
     print(f"{'cold start to first frame (median of 5)':<58} {statistics.median(cold) * 1e3:>11.0f} ms  < 1000 ms")
-    print(f"{f'ingest at {args.rate:,}/s for {args.seconds:.0f}s: records folded':<58} "
-          f"{result['records']:>14,}  of {result['expected']:,}")  # fmt: skip
+    print(
+        f"{f'ingest at {args.rate:,}/s for {args.seconds:.0f}s: records folded':<58} "
+        f"{result['records']:>14,}  of {result['expected']:,}"
+    )
     print(f"{'  send-to-fold latency p50 / p99':<58} {result['lag_p50_ms']:>6.0f} / {result['lag_p99_ms']:<5.0f}ms")
     print(f"{'  latency p99 over the last second (no growing backlog)':<58} {result['lag_last_s_p99_ms']:>11.0f} ms")
-    print(f"{'  key press handled, median / max':<58} "
-          f"{result['key_p50_ms']:>6.0f} / {result['key_max_ms']:<5.0f}ms  < 100 ms")  # fmt: skip
+    print(
+        f"{'  key press handled, median / max':<58} "
+        f"{result['key_p50_ms']:>6.0f} / {result['key_max_ms']:<5.0f}ms  < 100 ms"
+    )
     print(f"{'one chart (100x10 cells) from a 1,000,000-step series':<58} {chart * 1e3:>11.2f} ms  <= 5 ms")
-    print(f"{f'RSS after replaying {args.steps:,} steps (last step {last:,}, {replay_s:.0f} s)':<58} "
-          f"{rss / 2**20:>10.0f} MiB  < 200 MB")  # fmt: skip
+    print(
+        f"{f'RSS after replaying {args.steps:,} steps (last step {last:,}, {replay_s:.0f} s)':<58} "
+        f"{rss / 2**20:>10.0f} MiB  < 200 MB"
+    )
 
 
 if __name__ == "__main__":

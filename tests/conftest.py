@@ -81,8 +81,10 @@ def sshd(tmp_path: Path, socket_dir: Path) -> Iterator[Sshd]:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
     wait_until(listening, what="sshd to listen")
-    ssh = (f"ssh -p {port} -i {d / 'user_key'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-           "-o BatchMode=yes -o LogLevel=ERROR")  # fmt: skip
+    ssh = (
+        f"ssh -p {port} -i {d / 'user_key'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+        "-o BatchMode=yes -o LogLevel=ERROR"
+    )
     yield Sshd("127.0.0.1", ssh, f"env TUIWATCH_DIR={socket_dir} {sys.executable} -m tuiwatch")
     proc.terminate()
     proc.wait(10)

@@ -20,16 +20,46 @@ from tuiwatch.wire.protocol import MAX_LINE_BYTES, Command, LineSplitter, Protoc
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),
-                    st.text(max_size=20))  # fmt: skip
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=5),
-                                                       st.dictionaries(st.text(max_size=10), inner, max_size=5)),
-                      max_leaves=20)  # fmt: skip
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=20)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(st.text(max_size=10), inner, max_size=5)),
+    max_leaves=20,
+)
 FIELDS = [
-    "step", "loss", "lr", "grad_norm", "param_norm", "update_norm", "opt_step", "batch_ids", "finite", "rss",
-    "mem_allocated", "data_wait_s", "compute_s", "training", "classes", "oom", "rank", "val_loss", "t",
-    "severity", "rule", "message", "evidence", "id", "action", "ok", "path", "bytes", "reason", "gpus",
-]  # fmt: skip
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "param_norm",
+    "update_norm",
+    "opt_step",
+    "batch_ids",
+    "finite",
+    "rss",
+    "mem_allocated",
+    "data_wait_s",
+    "compute_s",
+    "training",
+    "classes",
+    "oom",
+    "rank",
+    "val_loss",
+    "t",
+    "severity",
+    "rule",
+    "message",
+    "evidence",
+    "id",
+    "action",
+    "ok",
+    "path",
+    "bytes",
+    "reason",
+    "gpus",
+]
 records = st.builds(
     lambda kind, fields: {"kind": kind, **fields},
     st.sampled_from([*KINDS, "other"]),
@@ -83,11 +113,25 @@ def test_the_viewer_state_takes_any_records_and_stays_bounded(stream: list[dict[
 
 
 @FUZZ
-@given(st.dictionaries(st.sampled_from(["mem_total", "device"]), values), st.one_of(st.none(), st.lists(
-    st.dictionaries(st.sampled_from(["index", "device", "util", "mem_used", "mem_total", "temp", "power",
-                                     "process_mem_used"]), values), max_size=4)),
-       st.dictionaries(st.sampled_from(["cpu_percent", "rss", "workers", "workers_cpu_percent"]), values),
-       st.floats(), st.floats(), st.integers(0, 300))  # fmt: skip
+@given(
+    st.dictionaries(st.sampled_from(["mem_total", "device"]), values),
+    st.one_of(
+        st.none(),
+        st.lists(
+            st.dictionaries(
+                st.sampled_from(
+                    ["index", "device", "util", "mem_used", "mem_total", "temp", "power", "process_mem_used"]
+                ),
+                values,
+            ),
+            max_size=4,
+        ),
+    ),
+    st.dictionaries(st.sampled_from(["cpu_percent", "rss", "workers", "workers_cpu_percent"]), values),
+    st.floats(),
+    st.floats(),
+    st.integers(0, 300),
+)
 def test_the_memory_pane_draws_any_readings(
     run: dict[str, Any],
     gpus: list[dict[str, Any]] | None,

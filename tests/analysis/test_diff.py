@@ -24,8 +24,9 @@ def train(run_root: Path, *, data_seed: int = 1, init_seed: int = 0, perturb_ste
     torch.manual_seed(init_seed)
     model = mlp()
     x, y = separable(4096, torch.Generator().manual_seed(7))
-    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True,
-                        generator=torch.Generator().manual_seed(data_seed))  # fmt: skip
+    loader = DataLoader(
+        TensorDataset(x, y), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(data_seed)
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     steps = [0]
 
@@ -51,8 +52,13 @@ def train(run_root: Path, *, data_seed: int = 1, init_seed: int = 0, perturb_ste
 
 
 def diff(socket_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuiwatch", "diff", *args], env=env_for(socket_dir),
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tuiwatch", "diff", *args],
+        env=env_for(socket_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_two_runs_with_the_same_seeds_are_identical(tmp_path: Path, socket_dir: Path):

@@ -20,7 +20,13 @@ def test_text_from_a_run_is_made_literal():
 
 def test_numbers_sizes_and_durations_are_short():
     assert [number(v) for v in (0.012345, 1.5e-6, 123456.0, math.nan, math.inf, None, 42)] == [
-        "0.01235", "1.50e-06", "123k", "nan", "inf", "-", "42",
-    ]  # fmt: skip
+        "0.01235",
+        "1.50e-06",
+        "123k",
+        "nan",
+        "inf",
+        "-",
+        "42",
+    ]
     assert [size(v) for v in (512, 2048, 3 * 1024**3)] == ["512 B", "2.0 KiB", "3.0 GiB"]
     assert [duration(v) for v in (5, 125, 7500, 200000)] == ["5s", "2m05s", "2h05m", "2d07h"]

@@ -202,8 +202,9 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.mark.parametrize("seed", list(SEEDS))
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("model", list(MODELS))
-def test_healthy_runs_raise_no_warning_or_critical_alert(model: str, variant: str, seed: int, tmp_path: Path,
-                                                          socket_dir: Path, one_torch_thread: None):  # fmt: skip
+def test_healthy_runs_raise_no_warning_or_critical_alert(
+    model: str, variant: str, seed: int, tmp_path: Path, socket_dir: Path, one_torch_thread: None
+):
     row = healthy_row(model, variant, seed, tmp_path)
     assert row.steps == HEALTHY_STEPS
     assert row.alerts == []

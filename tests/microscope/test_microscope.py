@@ -95,8 +95,9 @@ def test_a_log_of_zero_is_nonfinite(batch: tuple[torch.Tensor, torch.Tensor]):
     assert result.explanation.startswith("the loss is inf at step 0")
 
 
-def test_publish_streams_the_steps_as_a_run(batch: tuple[torch.Tensor, torch.Tensor], tmp_path: Path,
-                                            socket_dir: Path, monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+def test_publish_streams_the_steps_as_a_run(
+    batch: tuple[torch.Tensor, torch.Tensor], tmp_path: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.chdir(tmp_path)
     result = tuiwatch.overfit_one_batch(nn.Sequential(nn.Linear(2, 2)), batch, ce, steps=20, publish=True)
     (ledger,) = tmp_path.glob("runs/overfit-Sequential-*/ledger.jsonl")

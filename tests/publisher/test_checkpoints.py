@@ -25,8 +25,16 @@ def state(step: int, size_mb: int = SIZE_MB, weight: torch.Tensor | None = None)
     """A checkpoint whose weights hold step // 1000 (the round that wrote it)."""
     if weight is None:
         weight = torch.full((size_mb * MB // 4,), float(step // 1000))
-    return {"tuiwatch_checkpoint": FORMAT, "step": step, "epoch": 0, "batch_index": step, "opt_steps": step,
-            "model": {"w": weight}, "rng": {}, "versions": {}}  # fmt: skip
+    return {
+        "tuiwatch_checkpoint": FORMAT,
+        "step": step,
+        "epoch": 0,
+        "batch_index": step,
+        "opt_steps": step,
+        "model": {"w": weight},
+        "rng": {},
+        "versions": {},
+    }
 
 
 def check_all(directory: Path) -> list[int]:

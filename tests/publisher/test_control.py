@@ -58,8 +58,9 @@ class Client:
 def test_a_checkpoint_taken_mid_run_resumes_the_run_exactly(run_root: Path, socket_dir: Path, tmp_path: Path):
     straight = start_training(run_root / "a", socket_dir, "--steps", "60", truth=tmp_path / "a.jsonl")
     finish(straight)
-    paced = start_training(run_root / "b", socket_dir, "--steps", "60", "--step-sleep", "0.02",
-                           truth=tmp_path / "b.jsonl")  # fmt: skip
+    paced = start_training(
+        run_root / "b", socket_dir, "--steps", "60", "--step-sleep", "0.02", truth=tmp_path / "b.jsonl"
+    )
     client = Client(socket_dir)
     client.until_step(11)  # mid-epoch: 8 batches per epoch
     client.send("checkpoint", 7)
@@ -91,8 +92,9 @@ def test_a_checkpoint_taken_mid_run_resumes_the_run_exactly(run_root: Path, sock
     assert ckpt.epoch_rng["loader_generator"] is not None
     assert ckpt.versions["torch"] == torch.__version__
 
-    resumed = start_training(run_root / "c", socket_dir, "--steps", str(k + 20), "--resume", str(path),
-                             truth=tmp_path / "c.jsonl")  # fmt: skip
+    resumed = start_training(
+        run_root / "c", socket_dir, "--steps", str(k + 20), "--resume", str(path), truth=tmp_path / "c.jsonl"
+    )
     finish(resumed)
     expected = load_truth(tmp_path / "a.jsonl")[k : k + 20]
     got = load_truth(tmp_path / "c.jsonl")
@@ -136,8 +138,14 @@ def test_dump_pause_resume_and_commands_run_once_in_order(run_root: Path, socket
     assert Path(stop["path"]).name.startswith("step-")
     ledger_records = records(ledger)
     actions = [(r["action"], r["id"], r["ok"]) for r in ledger_records if r["kind"] == "action"]
-    assert actions == [("dump", 1, True), ("pause", 2, True), ("checkpoint", 3, True), ("pause", 4, False),
-                       ("resume", 5, True), ("stop", 6, True)]  # fmt: skip
+    assert actions == [
+        ("dump", 1, True),
+        ("pause", 2, True),
+        ("checkpoint", 3, True),
+        ("pause", 4, False),
+        ("resume", 5, True),
+        ("stop", 6, True),
+    ]
     steps = records(ledger, "step")
     around = next(s for s in steps if s["step"] == last + 1)
     # The pause lasted over 2 s: counted as data wait or compute it would show here.
@@ -178,8 +186,9 @@ def test_a_run_without_a_run_directory_refuses_a_checkpoint_with_the_reason(sock
     assert reply["error"] == "this run has no run directory (Watch(run_dir=None)): nowhere to write"
 
 
-def test_a_full_disk_refuses_the_checkpoint_and_training_goes_on(tmp_path: Path, socket_dir: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch):  # fmt: skip
+def test_a_full_disk_refuses_the_checkpoint_and_training_goes_on(
+    tmp_path: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
     import shutil
     from collections import namedtuple
 

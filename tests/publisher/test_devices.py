@@ -172,8 +172,16 @@ def test_nvml_readings_follow_cuda_visible_devices_with_the_runs_gpu_first(monke
     assert gpus is not None
     assert [(g["device"], g["index"]) for g in gpus] == [("cuda:1", 3), ("cuda:0", 1), ("cuda:2", 2)]
     run_gpu = gpus[0]
-    assert run_gpu == {"index": 3, "device": "cuda:1", "util": 30, "mem_used": 3 * GiB, "mem_total": 80 * GiB,
-                       "temp": 60, "power": None, "process_mem_used": GiB}  # fmt: skip
+    assert run_gpu == {
+        "index": 3,
+        "device": "cuda:1",
+        "util": 30,
+        "mem_used": 3 * GiB,
+        "mem_total": 80 * GiB,
+        "temp": 60,
+        "power": None,
+        "process_mem_used": GiB,
+    }
     assert gpus[1]["power"] == 300.0
     assert gpus[1]["process_mem_used"] is None  # only another process on that GPU
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,7,2")  # CUDA stops at the first invalid entry

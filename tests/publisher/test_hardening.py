@@ -47,8 +47,7 @@ def _fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def test_a_flood_of_connections_and_killed_viewers_leave_no_fd_and_the_run_finishes(run_root: Path,
-                                                                                    socket_dir: Path):  # fmt: skip
+def test_a_flood_of_connections_and_killed_viewers_leave_no_fd_and_the_run_finishes(run_root: Path, socket_dir: Path):
     proc = start_training(run_root, socket_dir, "--steps", "1500", "--step-sleep", "0.002")
     path = _socket(socket_dir)
     ledger = wait_for_ledger(run_root)
@@ -97,8 +96,9 @@ def test_a_writer_killed_mid_write_leaves_a_clean_prefix(tmp_path: Path):
                 store = FileLedger(path)
                 step = 0
                 while True:  # batches of records, as the publisher appends them
-                    store.append(b"".join(encode({"kind": "step", "step": step + i, "pad": "x" * 3000})
-                                          for i in range(7)))  # fmt: skip
+                    store.append(
+                        b"".join(encode({"kind": "step", "step": step + i, "pad": "x" * 3000}) for i in range(7))
+                    )
                     step += 7
             finally:
                 os._exit(1)
@@ -141,8 +141,18 @@ def test_a_full_disk_leaves_the_ledger_on_a_record_boundary_and_the_run_goes_on(
 
 
 def test_when_space_returns_the_ledger_records_the_gap_and_goes_on(run_root: Path, socket_dir: Path):
-    proc = start_training(run_root, socket_dir, "--steps", "400", "--step-sleep", "0.002",
-                          "--max-file-bytes", "20000", "--disk-back-at-step", "200")  # fmt: skip
+    proc = start_training(
+        run_root,
+        socket_dir,
+        "--steps",
+        "400",
+        "--step-sleep",
+        "0.002",
+        "--max-file-bytes",
+        "20000",
+        "--disk-back-at-step",
+        "200",
+    )
     _, err = finish(proc)
     assert err.count("tuiwatch: publisher degraded") == 1
     reader = read_ledger(ledger_file(run_root))

@@ -18,8 +18,14 @@ def test_seed_everything_seeds_python_numpy_torch_and_workers(tmp_path: Path, so
     def draw() -> tuple[float, float, float, list[int]]:
         seeded = tuiwatch.seed_everything(123)
         data = TensorDataset(torch.arange(16))
-        loader = DataLoader(data, batch_size=4, shuffle=True, num_workers=2, generator=seeded.generator,
-                            worker_init_fn=seeded.worker_init_fn)  # fmt: skip
+        loader = DataLoader(
+            data,
+            batch_size=4,
+            shuffle=True,
+            num_workers=2,
+            generator=seeded.generator,
+            worker_init_fn=seeded.worker_init_fn,
+        )
         order = [int(i) for (b,) in loader for i in b]
         return random.random(), float(numpy.random.rand()), float(torch.rand(1)), order  # noqa: S311
 

@@ -262,8 +262,10 @@ def test_rules_run_inside_the_training_process_and_write_alerts(run_root: Path, 
             watch.log(val_loss=0.5)  # model.eval() forgotten
     alerts = [r for r in _ledger(watch) if r["kind"] == "alert"]
     assert [(a["rule"], a["step"], a["severity"]) for a in alerts] == [
-        ("nonfinite", 3, "critical"), ("nonfinite", 4, "info"), ("eval-mode", 5, "warning"),
-    ]  # fmt: skip
+        ("nonfinite", 3, "critical"),
+        ("nonfinite", 4, "info"),
+        ("eval-mode", 5, "warning"),
+    ]
     assert alerts[0]["evidence"]["boundary"] == "batch"
 
 

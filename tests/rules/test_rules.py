@@ -18,8 +18,17 @@ FINITE = {"batch": True, "forward": True, "loss": True, "grad": True, "param": T
 
 
 def step(i: int, **fields: Any) -> dict[str, Any]:
-    record = {"kind": "step", "step": i, "loss": 1.0 / (i + 1), "lr": [0.1], "grad_norm": 1.0 + 0.01 * (i % 5),
-              "opt_step": i + 1, "data_wait_s": 0.001, "compute_s": 0.01, "finite": dict(FINITE)}  # fmt: skip
+    record = {
+        "kind": "step",
+        "step": i,
+        "loss": 1.0 / (i + 1),
+        "lr": [0.1],
+        "grad_norm": 1.0 + 0.01 * (i % 5),
+        "opt_step": i + 1,
+        "data_wait_s": 0.001,
+        "compute_s": 0.01,
+        "finite": dict(FINITE),
+    }
     record.update(fields)
     return record
 
@@ -38,8 +47,9 @@ def test_healthy_ledgers_raise_nothing():
 def test_nonfinite_names_the_first_failing_boundary_once_per_episode():
     records = [step(i) for i in range(10)]
     for i in (4, 5):
-        records[i] = step(i, loss=math.inf, grad_norm=math.nan,
-                          finite={**FINITE, "loss": False, "grad": False, "param": False})  # fmt: skip
+        records[i] = step(
+            i, loss=math.inf, grad_norm=math.nan, finite={**FINITE, "loss": False, "grad": False, "param": False}
+        )
     alerts = Diagnosis(["nonfinite"]).run(records)
     assert [(a["step"], a["severity"]) for a in alerts] == [(4, "critical"), (6, "info")]
     assert alerts[0]["evidence"]["boundary"] == "loss"
@@ -54,8 +64,9 @@ def test_grad_explosion_fires_when_norm_grows_100x():
     assert alerts[0]["evidence"]["grad_norm"] == 800.0
     calm = [step(i) for i in range(32, 60)]
     assert fired([*records, *calm], "grad-explosion") == [
-        ("grad-explosion", 31, "warning"), ("grad-explosion", 51, "info"),
-    ]  # fmt: skip
+        ("grad-explosion", 31, "warning"),
+        ("grad-explosion", 51, "info"),
+    ]
 
 
 def test_grad_explosion_needs_history_but_not_for_huge_norms():
@@ -99,9 +110,22 @@ def test_data_bound_fires_when_waiting_dominates_and_clears_when_it_stops():
 def test_unknown_rule_ids_are_refused():
     with pytest.raises(ValueError, match="unknown rule ids \\['grad-explode'\\]"):
         Diagnosis(["grad-explode"])
-    assert set(REGISTRY) <= {"nonfinite", "grad-explosion", "grad-zero", "no-update", "loss-frozen", "loss-chance",
-                             "lr-zero", "data-bound", "memory-growth", "oom", "overfit", "eval-mode", "loss-spike",
-                             "straggler"}  # fmt: skip
+    assert set(REGISTRY) <= {
+        "nonfinite",
+        "grad-explosion",
+        "grad-zero",
+        "no-update",
+        "loss-frozen",
+        "loss-chance",
+        "lr-zero",
+        "data-bound",
+        "memory-growth",
+        "oom",
+        "overfit",
+        "eval-mode",
+        "loss-spike",
+        "straggler",
+    }
 
 
 def test_rules_take_thresholds_and_can_be_turned_off():
@@ -135,8 +159,13 @@ def test_lr_zero_fires_on_a_collapsed_schedule_not_on_cosine_decay():
     n = 1000
     cosine = [step(i, lr=[0.05 * (1 + math.cos(math.pi * min(i, n) / n))]) for i in range(n + 1)]
     warm = [step(i, lr=[0.1 * i / 100]) for i in range(100)]
-    assert fired(warm + [step(100 + i, **{k: v for k, v in r.items() if k != "step"}) for i, r in enumerate(cosine)],
-                 "lr-zero") == []  # fmt: skip
+    assert (
+        fired(
+            warm + [step(100 + i, **{k: v for k, v in r.items() if k != "step"}) for i, r in enumerate(cosine)],
+            "lr-zero",
+        )
+        == []
+    )
 
 
 def test_loss_chance_fires_at_ln_classes_not_on_a_good_plateau():
@@ -184,9 +213,17 @@ def test_memory_growth_fires_on_steady_growth_not_on_growth_that_plateaus():
 
 
 def test_oom_fires_from_the_step_that_failed():
-    record = step(12, batch_shape=[[2, 524288, 8]], tokens=None,
-                  oom={"error": "OutOfMemoryError", "message": "CUDA out of memory", "mem_allocated": 70 << 30,
-                       "mem_reserved": 75 << 30})  # fmt: skip
+    record = step(
+        12,
+        batch_shape=[[2, 524288, 8]],
+        tokens=None,
+        oom={
+            "error": "OutOfMemoryError",
+            "message": "CUDA out of memory",
+            "mem_allocated": 70 << 30,
+            "mem_reserved": 75 << 30,
+        },
+    )
     alerts = Diagnosis(["oom"]).run([step(11), record])
     assert alerts[0]["message"] == (
         "out of memory at step 12 with batch [[2, 524288, 8]]; 71,680 MiB allocated, 76,800 MiB reserved"

@@ -76,9 +76,15 @@ def main() -> None:
         generator=torch.Generator().manual_seed(1),
     )
     watch = tuiwatch.Watch(
-        model, opt, name=args.name, scheduler=sched, run_dir=args.run_dir, viewer_stall_s=args.stall_s,
-        stop=args.stop_mode, tcp=True if args.tcp == "on" else args.tcp or False,
-    )  # fmt: skip
+        model,
+        opt,
+        name=args.name,
+        scheduler=sched,
+        run_dir=args.run_dir,
+        viewer_stall_s=args.stall_s,
+        stop=args.stop_mode,
+        tcp=True if args.tcp == "on" else args.tcp or False,
+    )
     step = watch.restore(args.resume).step if args.resume else 0
     truth = open(args.truth, "w") if args.truth else None
     try:
@@ -115,8 +121,16 @@ def hang_the_disk() -> None:
     writer_module.os = HungOs()  # type: ignore[assignment,attr-defined]
 
 
-def train(args: argparse.Namespace, watch: tuiwatch.Watch, model: nn.Module, opt: Any, sched: Any,
-          loader: DataLoader[Any], truth: TextIO | None, step: int) -> None:  # fmt: skip
+def train(
+    args: argparse.Namespace,
+    watch: tuiwatch.Watch,
+    model: nn.Module,
+    opt: Any,
+    sched: Any,
+    loader: DataLoader[Any],
+    truth: TextIO | None,
+    step: int,
+) -> None:
     while step < args.steps and not watch.should_stop:
         for x, y, ids in watch.batches(loader):
             loss = nn.functional.cross_entropy(model(x), y)

@@ -61,8 +61,12 @@ async def test_replay_shows_command_keys_disabled_and_sends_nothing():
         for key in ("c", "d", "p", "s"):
             await pilot.press(key)
         assert [app.check_action(a, ()) for a in ("checkpoint", "dump", "pause", "stop", "help")] == [
-            None, None, None, None, True,
-        ]  # fmt: skip
+            None,
+            None,
+            None,
+            None,
+            True,
+        ]
         assert not isinstance(app.screen, ConfirmStop)
         assert app.state.pending == {}
 
@@ -197,8 +201,9 @@ async def test_live_run_status_goes_live_disconnected_live_finished(tmp_path: Pa
         await until(pilot, lambda: app.state.status == "disconnected", timeout=LOADED_MACHINE_S, what="disconnected")
 
         os.unlink(path)  # a killed run leaves its socket file behind; the next run cleans up too
-        second = start_training(tmp_path / "b", socket_dir, "--name", "livetest", "--steps", "300", "--step-sleep",
-                                "0.005")  # fmt: skip
+        second = start_training(
+            tmp_path / "b", socket_dir, "--name", "livetest", "--steps", "300", "--step-sleep", "0.005"
+        )
         await until(pilot, lambda: app.state.run.get("pid") == second.pid, what="reconnected to the restarted run")
         assert app.state.status in ("live", "finished")
         await until(pilot, lambda: app.state.status == "finished", what="the second run to finish")

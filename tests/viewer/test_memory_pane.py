@@ -46,13 +46,40 @@ def _gpu_ledger(path: Path) -> Path:
         {"kind": "run", "t": 1.0, "name": "gpu-run", "host": "h", "device": "cuda:0", "mem_total": 80 * GiB},
     ]
     for i in range(30):
-        records.append({"kind": "step", "t": 2.0 + i, "step": i, "loss": 1.0, "lr": [0.1],
-                        "mem_allocated": (10 + i) * GiB, "mem_reserved": 70 * GiB, "mem_peak": 76 * GiB})  # fmt: skip
-    records.append({"kind": "system", "t": 40.0, "cpu_percent": 101.0, "rss": 3 * GiB, "workers": 4,
-                    "workers_cpu_percent": [30.0, 25.0, 20.0, 15.0],
-                    "gpus": [{"index": 0, "device": "cuda:0", "util": 97, "mem_used": 72 * GiB,
-                              "mem_total": 80 * GiB, "temp": 65, "power": 301.4,
-                              "process_mem_used": 71 * GiB}]})  # fmt: skip
+        records.append(
+            {
+                "kind": "step",
+                "t": 2.0 + i,
+                "step": i,
+                "loss": 1.0,
+                "lr": [0.1],
+                "mem_allocated": (10 + i) * GiB,
+                "mem_reserved": 70 * GiB,
+                "mem_peak": 76 * GiB,
+            }
+        )
+    records.append(
+        {
+            "kind": "system",
+            "t": 40.0,
+            "cpu_percent": 101.0,
+            "rss": 3 * GiB,
+            "workers": 4,
+            "workers_cpu_percent": [30.0, 25.0, 20.0, 15.0],
+            "gpus": [
+                {
+                    "index": 0,
+                    "device": "cuda:0",
+                    "util": 97,
+                    "mem_used": 72 * GiB,
+                    "mem_total": 80 * GiB,
+                    "temp": 65,
+                    "power": 301.4,
+                    "process_mem_used": 71 * GiB,
+                }
+            ],
+        }
+    )
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     return path
 
@@ -81,9 +108,17 @@ async def test_without_nvml_the_pane_says_why_and_shows_the_cpu_side(tmp_path: P
     records = [
         {"kind": "run", "t": 1.0, "name": "cpu-run", "host": "h", "device": "cpu"},
         {"kind": "step", "t": 2.0, "step": 0, "loss": 1.0, "mem_allocated": None},
-        {"kind": "system", "t": 3.0, "cpu_percent": 99.0, "rss": 512 << 20, "workers": 0, "workers_cpu_percent": [],
-         "gpus": None, "gpu_error": "NVML unavailable (NVML Shared Library Not Found)"},
-    ]  # fmt: skip
+        {
+            "kind": "system",
+            "t": 3.0,
+            "cpu_percent": 99.0,
+            "rss": 512 << 20,
+            "workers": 0,
+            "workers_cpu_percent": [],
+            "gpus": None,
+            "gpu_error": "NVML unavailable (NVML Shared Library Not Found)",
+        },
+    ]
     path = tmp_path / "ledger.jsonl"
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)

@@ -40,8 +40,11 @@ async def test_follow_picks_up_records_appended_later_even_across_a_torn_write(t
 
 
 async def test_a_command_speaking_the_wire_protocol_feeds_the_viewer():
-    argv = [sys.executable, "-c", f"import sys; sys.stdout.buffer.write(open({str(LEDGERS / 'healthy.jsonl')!r}, "
-            "'rb').read())"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        f"import sys; sys.stdout.buffer.write(open({str(LEDGERS / 'healthy.jsonl')!r}, 'rb').read())",
+    ]
     app = RecordingApp(CommandSource(argv, label="relay"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.state.status == "finished")
@@ -49,8 +52,11 @@ async def test_a_command_speaking_the_wire_protocol_feeds_the_viewer():
 
 
 async def test_a_failing_command_says_why():
-    argv = [sys.executable, "-c", "import sys; sys.stderr.write('ssh: Could not resolve hostname nowhere\\n'); "
-            "sys.exit(255)"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        "import sys; sys.stderr.write('ssh: Could not resolve hostname nowhere\\n'); sys.exit(255)",
+    ]
     app = RecordingApp(CommandSource(argv), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.state.status == "disconnected")

@@ -53,8 +53,18 @@ def test_a_command_is_pending_until_its_action_arrives():
     state.command_sent(3, "checkpoint")
     assert state.pending == {3: "checkpoint"}
     assert state.alerts[0].message.startswith("checkpoint sent")
-    state.apply({"kind": "action", "id": 3, "action": "checkpoint", "ok": True, "path": "runs/x/step-10.pt", "step": 9,
-                 "bytes": 36012, "steps_done": 10})  # fmt: skip
+    state.apply(
+        {
+            "kind": "action",
+            "id": 3,
+            "action": "checkpoint",
+            "ok": True,
+            "path": "runs/x/step-10.pt",
+            "step": 9,
+            "bytes": 36012,
+            "steps_done": 10,
+        }
+    )
     assert state.pending == {}
     assert [r["id"] for r in state.take_answered()] == [3]  # the reply to this viewer's command, once
     assert state.take_answered() == []

@@ -166,8 +166,10 @@ def test_a_viewer_that_never_reads_does_not_slow_training_and_is_dropped(tmp_pat
     assert end["dropped_viewers"] == 1
     assert end["dropped_records"] == 0
     # A viewer costs a cursor and one chunk, whatever it does: memory as without it.
-    rss = {name: max(r["rss"] for r in records(ledger_file(root), "system")) for name, root in
-           (("base", baseline), ("stalled", stalled))}  # fmt: skip
+    rss = {
+        name: max(r["rss"] for r in records(ledger_file(root), "system"))
+        for name, root in (("base", baseline), ("stalled", stalled))
+    }
     assert rss["stalled"] < rss["base"] + (16 << 20)
 
 

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.integration  # a real sshd on loopback
 
 
 def tw(socket_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuiwatch", *args], env=env_for(socket_dir), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "tuiwatch", *args], env=env_for(socket_dir), capture_output=True, text=True, timeout=120
+    )
 
 
 def test_ls_host_lists_the_runs_there(sshd: Sshd, run_root: Path, socket_dir: Path):
@@ -36,8 +37,7 @@ def test_ls_host_lists_the_runs_there(sshd: Sshd, run_root: Path, socket_dir: Pa
     proc.wait()
 
 
-async def test_attach_host_name_streams_the_run_and_carries_commands(sshd: Sshd, run_root: Path,
-                                                                    socket_dir: Path):  # fmt: skip
+async def test_attach_host_name_streams_the_run_and_carries_commands(sshd: Sshd, run_root: Path, socket_dir: Path):
     proc = start_training(run_root, socket_dir, "--name", "resnet", "--steps", "100000", "--step-sleep", "0.005")
     wait_until(lambda: list(socket_dir.glob("*.sock")) or None, what="the run's socket")
     remote = parse_remote(f"{sshd.host}:resnet", sshd.ssh, sshd.remote_tuiwatch)
@@ -60,10 +60,11 @@ def test_a_wrong_host_or_a_missing_tuiwatch_is_one_clear_line(sshd: Sshd, socket
     assert out.stderr.count("\n") == 1
     out = tw(socket_dir, "ls", f"{sshd.host}:", "--ssh", sshd.ssh, "--remote-tuiwatch", "/nonexistent/tuiwatch")
     assert out.returncode == 1
-    assert out.stderr == (f"tuiwatch: error: tuiwatch is not installed on {sshd.host} (ran: /nonexistent/tuiwatch): "
-                          "install it there, or give --remote-tuiwatch PATH\n")  # fmt: skip
-    out = tw(socket_dir, "attach", f"{sshd.host}:nothing", "--ssh", sshd.ssh, "--remote-tuiwatch",
-             sshd.remote_tuiwatch)  # fmt: skip
+    assert out.stderr == (
+        f"tuiwatch: error: tuiwatch is not installed on {sshd.host} (ran: /nonexistent/tuiwatch): "
+        "install it there, or give --remote-tuiwatch PATH\n"
+    )
+    out = tw(socket_dir, "attach", f"{sshd.host}:nothing", "--ssh", sshd.ssh, "--remote-tuiwatch", sshd.remote_tuiwatch)
     assert out.returncode == 1
     assert out.stderr == f"tuiwatch: error: no live runs on {sshd.host}\n"
 
@@ -71,15 +72,30 @@ def test_a_wrong_host_or_a_missing_tuiwatch_is_one_clear_line(sshd: Sshd, socket
 def test_attach_host_name_in_a_real_terminal(sshd: Sshd, run_root: Path, socket_dir: Path, tmux: list[str]):
     proc = start_training(run_root, socket_dir, "--name", "resnet", "--steps", "100000", "--step-sleep", "0.01")
     wait_until(lambda: list(socket_dir.glob("*.sock")) or None, what="the run's socket")
-    attach = shlex.join([sys.executable, "-m", "tuiwatch", "attach", f"{sshd.host}:resnet", "--ssh", sshd.ssh,
-                         "--remote-tuiwatch", sshd.remote_tuiwatch])  # fmt: skip
-    subprocess.run([*tmux, "new-session", "-d", "-s", "e2e", "-x", "160", "-y", "40",
-                    f"env TERM=xterm-256color {attach}"], check=True)  # fmt: skip
+    attach = shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "tuiwatch",
+            "attach",
+            f"{sshd.host}:resnet",
+            "--ssh",
+            sshd.ssh,
+            "--remote-tuiwatch",
+            sshd.remote_tuiwatch,
+        ]
+    )
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "e2e", "-x", "160", "-y", "40", f"env TERM=xterm-256color {attach}"],
+        check=True,
+    )
     first = wait_until(lambda: HEADER.search(capture(tmux, "e2e")), timeout=30, what="the viewer over ssh")
     assert first.group(1) == "resnet"
     step = int(first.group(2).replace(",", ""))
-    wait_until(lambda: (m := HEADER.search(capture(tmux, "e2e"))) and int(m.group(2).replace(",", "")) > step + 5,
-               what="the step to advance on screen")  # fmt: skip
+    wait_until(
+        lambda: (m := HEADER.search(capture(tmux, "e2e"))) and int(m.group(2).replace(",", "")) > step + 5,
+        what="the step to advance on screen",
+    )
     subprocess.run([*tmux, "send-keys", "-t", "e2e", "q"], check=True)
     proc.kill()
     proc.wait()

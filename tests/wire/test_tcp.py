@@ -170,8 +170,13 @@ def test_a_wrong_token_is_one_line_from_the_cli(run_root: Path, socket_dir: Path
         copied = tmp_path / "copied.tcp"
         copied.write_text(f'{{"address": "{watch.tcp_address}", "token": "{"f" * 64}"}}')
         copied.chmod(0o600)
-        out = subprocess.run([sys.executable, "-m", "tuiwatch", "attach", "--token-file", str(copied)],
-                             env=env_for(socket_dir), capture_output=True, text=True, timeout=60)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "tuiwatch", "attach", "--token-file", str(copied)],
+            env=env_for(socket_dir),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode == 1
         assert out.stderr == (
             f"tuiwatch: error: the run at {watch.tcp_address} refused the token: "

@@ -50,9 +50,13 @@ def _steps(records: Iterable[Record]) -> dict[int, Record]:
 
 
 def first_difference(
-    a: Iterable[Record], b: Iterable[Record], *, rtol: float = 0.0, atol: float = 0.0,
+    a: Iterable[Record],
+    b: Iterable[Record],
+    *,
+    rtol: float = 0.0,
+    atol: float = 0.0,
     fields: Sequence[str] = FIELDS,
-) -> Difference | None:  # fmt: skip
+) -> Difference | None:
     """The first step (then field, in :data:`FIELDS` order) where the runs differ beyond tolerance; None if none."""
     steps_a, steps_b = _steps(a), _steps(b)
     order = [f for f in FIELDS if f in fields] + [f for f in fields if f not in FIELDS]

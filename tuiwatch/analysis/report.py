@@ -64,8 +64,9 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
                 peak_rss = max(peak_rss or 0, rss)
         elif kind == "alert" and r.get("severity") != "info":
             rule = str(r.get("rule"))
-            entry = alerts.setdefault(rule, {"count": 0, "first_step": _alert_key(r)[1],
-                                             "severity": str(r.get("severity"))})  # fmt: skip
+            entry = alerts.setdefault(
+                rule, {"count": 0, "first_step": _alert_key(r)[1], "severity": str(r.get("severity"))}
+            )
             entry["count"] += 1
         elif kind == "gap":
             lost = integer(r.get("records"))
@@ -114,8 +115,9 @@ def as_text(summary: dict[str, Any]) -> str:
     if summary["alerts"]:
         lines.append("alerts")
         for rule, a in sorted(summary["alerts"].items(), key=lambda kv: kv[1]["first_step"] or 0):
-            lines.append(f"  {safe(rule, 30):<16} {safe(a['severity'], 10):<8} x{a['count']}"
-                         f"  first at step {a['first_step']}")  # fmt: skip
+            lines.append(
+                f"  {safe(rule, 30):<16} {safe(a['severity'], 10):<8} x{a['count']}  first at step {a['first_step']}"
+            )
     else:
         lines.append("alerts     none")
     if summary["missing_records"]:

@@ -22,9 +22,20 @@ from tuiwatch.errors import TuiwatchError
 
 # The scenario names, spelled here so that `demo --help` imports no torch (tuiwatch.demo.faults.FAULTS).
 FAULT_NAMES = (
-    "nan-input", "log-zero", "big-lr", "numpy-graph", "optimizer-copy", "lr-collapse", "shuffled-labels",
-    "slow-loader", "kept-graphs", "long-sequence", "overfit", "eval-train-mode", "corrupt-batch",
-)  # fmt: skip
+    "nan-input",
+    "log-zero",
+    "big-lr",
+    "numpy-graph",
+    "optimizer-copy",
+    "lr-collapse",
+    "shuffled-labels",
+    "slow-loader",
+    "kept-graphs",
+    "long-sequence",
+    "overfit",
+    "eval-train-mode",
+    "corrupt-batch",
+)
 
 
 def add_parser(sub: Any) -> None:

@@ -42,8 +42,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"tuiwatch: error: {exc}", file=sys.stderr)
             return 2
         except OSError as exc:
-            print(f"tuiwatch: error: cannot read {path}: {exc.strerror}; give a ledger.jsonl or a run directory",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"tuiwatch: error: cannot read {path}: {exc.strerror}; give a ledger.jsonl or a run directory",
+                file=sys.stderr,
+            )
             return 2
     a, b = ledgers
     found = first_difference(a, b, rtol=args.rtol, atol=args.atol, fields=fields)

@@ -30,9 +30,14 @@ def warmup_cosine(total: int, warmup: int) -> Any:
 
 
 def run_healthy(
-    model_name: str, *, seed: int, steps: int = 1000, variant: str = "plain", run_dir: str | Path | None = "runs",
+    model_name: str,
+    *,
+    seed: int,
+    steps: int = 1000,
+    variant: str = "plain",
+    run_dir: str | Path | None = "runs",
     **kw: Any,
-) -> Outcome:  # fmt: skip
+) -> Outcome:
     torch.manual_seed(seed)
     tuned = variant == "tuned"
     problem = PROBLEMS[model_name](seed, dropout=0.1 if tuned else 0.0)
@@ -41,5 +46,14 @@ def run_healthy(
         accumulate = 2
         scheduler = torch.optim.lr_scheduler.LambdaLR(problem.optimizer, warmup_cosine(steps // accumulate, 50))
         options.update(scheduler=scheduler, scheduler_per_batch=True, clip=1.0, accumulate=accumulate)
-    return train(problem.model, problem.optimizer, problem.train, name=f"healthy-{model_name}-{variant}",
-                 steps=steps, run_dir=run_dir, seed=seed, **options, **kw)  # fmt: skip
+    return train(
+        problem.model,
+        problem.optimizer,
+        problem.train,
+        name=f"healthy-{model_name}-{variant}",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        **options,
+        **kw,
+    )

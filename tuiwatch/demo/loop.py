@@ -68,8 +68,7 @@ def train(
     backward); ``on_step(step, loss)`` runs after each step (status lines).
     ``expected`` exceptions end the run and are returned, not raised.
     """
-    watch = tuiwatch.Watch(model, optimizer, name=name, run_dir=run_dir, seed=seed, scheduler=scheduler,
-                           **watch_kwargs)  # fmt: skip
+    watch = tuiwatch.Watch(model, optimizer, name=name, run_dir=run_dir, seed=seed, scheduler=scheduler, **watch_kwargs)
     outcome = Outcome(watch, 0)
     reason = "finished"
     try:

@@ -34,8 +34,11 @@ class Row:
 
 
 def _alerts(ledger: Sequence[Record]) -> list[tuple[str, int | None, str]]:
-    return [(str(r["rule"]), r.get("step"), str(r["severity"])) for r in ledger
-            if r.get("kind") == "alert" and r.get("severity") != "info"]  # fmt: skip
+    return [
+        (str(r["rule"]), r.get("step"), str(r["severity"]))
+        for r in ledger
+        if r.get("kind") == "alert" and r.get("severity") != "info"
+    ]
 
 
 def fault_row(name: str, run_dir: Path, steps: int = 1000) -> Row:
@@ -67,8 +70,10 @@ def as_markdown(faults: list[Row], healthy: list[Row]) -> str:
     for row in faults:
         first = row.first(row.expected or "")
         seen = ", ".join(f"`{r}`@{s}" for r, s, _ in row.alerts[:8]) + (" …" if len(row.alerts) > 8 else "")
-        lines.append(f"| `{row.run}` | `{row.expected}` | {first if first is not None else '**missed**'} | "
-                     f"{seen} | {row.steps} | {row.ended} |")  # fmt: skip
+        lines.append(
+            f"| `{row.run}` | `{row.expected}` | {first if first is not None else '**missed**'} | "
+            f"{seen} | {row.steps} | {row.ended} |"
+        )
     lines += ["", "| healthy run | steps | warning/critical alerts |", "|---|---|---|"]
     for row in healthy:
         seen = ", ".join(f"`{r}`@{s}" for r, s, _ in row.alerts) or "none"

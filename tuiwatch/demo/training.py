@@ -35,14 +35,27 @@ def run_demo(
         now = time.monotonic()
         if now - last_status >= status_every_s:
             last_status = now
-            print(f"step {step:>6}  loss {loss.item():.4f}  {step / (now - started):,.0f} steps/s", file=out,
-                  flush=True)  # fmt: skip
+            print(
+                f"step {step:>6}  loss {loss.item():.4f}  {step / (now - started):,.0f} steps/s", file=out, flush=True
+            )
 
-    outcome = train(problem.model, problem.optimizer, problem.train, name=f"demo-{model_name}", steps=steps,
-                    run_dir=run_dir, seed=seed, val=Validation(problem.val), on_step=status,
-                    delay_s=delay_s)  # fmt: skip
+    outcome = train(
+        problem.model,
+        problem.optimizer,
+        problem.train,
+        name=f"demo-{model_name}",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        val=Validation(problem.val),
+        on_step=status,
+        delay_s=delay_s,
+    )
     watch = outcome.watch
     reason = "stopped" if watch.should_stop else "finished"
-    print(f"tuiwatch demo: {reason} after {outcome.steps} steps; ledger {watch.ledger_path or '(memory only)'}; "
-          f"socket {watch.socket_path or '(none)'}", file=out)  # fmt: skip
+    print(
+        f"tuiwatch demo: {reason} after {outcome.steps} steps; ledger {watch.ledger_path or '(memory only)'}; "
+        f"socket {watch.socket_path or '(none)'}",
+        file=out,
+    )
     return watch

@@ -237,12 +237,28 @@ def action_record(
     error: str | None = None,
 ) -> ActionRecord:
     """The reply to one command (``id`` is the command's; None for a line that was not a command)."""
-    return {"kind": "action", "t": time.time(), "id": cmd_id, "action": action, "ok": ok, "path": path,
-            "error": error, "step": step}  # fmt: skip
+    return {
+        "kind": "action",
+        "t": time.time(),
+        "id": cmd_id,
+        "action": action,
+        "ok": ok,
+        "path": path,
+        "error": error,
+        "step": step,
+    }
 
 
 def alert_record(
     rule: str, severity: str, step: int | None, message: str, evidence: dict[str, Any], next_check: str
 ) -> AlertRecord:
-    return {"kind": "alert", "t": time.time(), "rule": rule, "severity": severity, "step": step,
-            "message": message, "evidence": evidence, "next_check": next_check}  # fmt: skip
+    return {
+        "kind": "alert",
+        "t": time.time(),
+        "rule": rule,
+        "severity": severity,
+        "step": step,
+        "message": message,
+        "evidence": evidence,
+        "next_check": next_check,
+    }

@@ -45,8 +45,10 @@ class OverfitResult:
             acc = self.accuracies[i] if i < len(self.accuracies) else None
             grad = self.grad_norms[i] if i < len(self.grad_norms) else math.nan
             delta = self.param_deltas[i] if i < len(self.param_deltas) else math.nan
-            lines.append(f"{i:>5}  {self.losses[i]:>10.4g}  {'-' if acc is None else f'{acc:.0%}':>8}  "
-                         f"{grad:>10.3g}  {delta:>11.3g}")  # fmt: skip
+            lines.append(
+                f"{i:>5}  {self.losses[i]:>10.4g}  {'-' if acc is None else f'{acc:.0%}':>8}  "
+                f"{grad:>10.3g}  {delta:>11.3g}"
+            )
         lines.append(f"{'PASSED' if self.passed else 'FAILED'}: {self.reason}. {self.explanation}")
         return "\n".join(lines)
 
@@ -129,9 +131,15 @@ def overfit_one_batch(
 
 
 def _train(
-    net: nn.Module, optimizer: torch.optim.Optimizer, inputs: Any, targets: Any, loss_fn: LossFn, steps: int,
-    result: OverfitResult, watch: Any,
-) -> tuple[str, str]:  # fmt: skip
+    net: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    inputs: Any,
+    targets: Any,
+    loss_fn: LossFn,
+    steps: int,
+    result: OverfitResult,
+    watch: Any,
+) -> tuple[str, str]:
     named = [(n, p) for n, p in net.named_parameters() if p.requires_grad]
     for step in range(steps):
         if watch is not None:
@@ -156,8 +164,11 @@ def _train(
         grad_norm = _norm(grads)
         result.grad_norms.append(grad_norm)
         if not math.isfinite(grad_norm):
-            return "nonfinite", f"the gradient norm is {grad_norm} at step {step} while the loss is {value:.4g}: " \
-                "a backward through log/sqrt/division at 0, or an overflow."  # fmt: skip
+            return (
+                "nonfinite",
+                f"the gradient norm is {grad_norm} at step {step} while the loss is {value:.4g}: "
+                "a backward through log/sqrt/division at 0, or an overflow.",
+            )
         if grad_norm == 0.0:
             return "zero-gradients", _zero_gradients(named, step)
         before = [p.detach().clone() for _, p in named]
@@ -177,9 +188,11 @@ def _zero_gradients(named: list[tuple[str, nn.Parameter]], step: int) -> str:
         parts.append(f"no gradient reached {_names(missing)}")
     if zero:
         parts.append(f"the gradient is exactly 0 for {_names(zero)}")
-    return (f"At step {step} {'; '.join(parts) or 'no parameter requires grad'}. The loss does not depend on the "
-            "model's parameters through autograd: look for .detach(), .item() or a NumPy round-trip between the "
-            "model and the loss, torch.no_grad(), or parameters with requires_grad=False.")  # fmt: skip
+    return (
+        f"At step {step} {'; '.join(parts) or 'no parameter requires grad'}. The loss does not depend on the "
+        "model's parameters through autograd: look for .detach(), .item() or a NumPy round-trip between the "
+        "model and the loss, torch.no_grad(), or parameters with requires_grad=False."
+    )
 
 
 def _no_change(net: nn.Module, optimizer: torch.optim.Optimizer, grad_norm: float) -> str:
@@ -187,8 +200,10 @@ def _no_change(net: nn.Module, optimizer: torch.optim.Optimizer, grad_norm: floa
     held = [p for g in optimizer.param_groups for p in g["params"]]
     holds = sum(id(p) in own for p in held)
     lrs = sorted({g.get("lr") for g in optimizer.param_groups}, key=str)
-    text = (f"Gradients arrive (norm {grad_norm:.3g}) but no parameter changes. The optimizer holds {holds} of the "
-            f"model's {len(own)} parameters and its lr is {', '.join(map(str, lrs))}.")  # fmt: skip
+    text = (
+        f"Gradients arrive (norm {grad_norm:.3g}) but no parameter changes. The optimizer holds {holds} of the "
+        f"model's {len(own)} parameters and its lr is {', '.join(map(str, lrs))}."
+    )
     if holds == 0:
         return text + " It was built on other parameters (a copy of the model?): build it on model.parameters()."
     if all(lr == 0 for lr in lrs):
@@ -201,8 +216,11 @@ def _judge(result: OverfitResult) -> tuple[str, str]:
     best = min(result.losses)
     acc = result.accuracies[-1]
     ratio = first / last if last > 0 else math.inf
-    evidence = f"The loss went from {first:.4g} to {last:.4g} (best {best:.4g})" + (
-        f", accuracy {acc:.0%}" if acc is not None else "") + f" in {len(result.losses)} steps."  # fmt: skip
+    evidence = (
+        f"The loss went from {first:.4g} to {last:.4g} (best {best:.4g})"
+        + (f", accuracy {acc:.0%}" if acc is not None else "")
+        + f" in {len(result.losses)} steps."
+    )
     if ratio >= FIT_FACTOR and (acc is None or acc == 1.0):
         return "fits", evidence + " The path data → model → loss → gradients → optimizer → parameters works."
     if last >= FLAT_FACTOR * first:

@@ -52,8 +52,9 @@ class CommandRunner:
         refused = "the run has ended" if self.tracker.off else self.queue.offer(command)
         if refused is None:
             return None
-        return action_record(command.cmd, cmd_id=command.id, ok=False, step=self.tracker.last_step_number(),
-                             error=refused)  # fmt: skip
+        return action_record(
+            command.cmd, cmd_id=command.id, ok=False, step=self.tracker.last_step_number(), error=refused
+        )
 
     def at_boundary(self) -> None:
         """Run queued commands; while paused, block here (no spinning) and keep serving commands."""
@@ -100,8 +101,9 @@ class CommandRunner:
         except TuiwatchError as exc:
             return action_record(command.cmd, cmd_id=command.id, ok=False, step=step, error=str(exc))
         except Exception as exc:  # a failed command never stops training
-            return action_record(command.cmd, cmd_id=command.id, ok=False, step=step,
-                                 error=f"{type(exc).__name__}: {exc}"[:300])  # fmt: skip
+            return action_record(
+                command.cmd, cmd_id=command.id, ok=False, step=step, error=f"{type(exc).__name__}: {exc}"[:300]
+            )
         reply = action_record(command.cmd, cmd_id=command.id, ok=True, step=step, path=result.pop("path", None))
         reply.update(result)  # type: ignore[typeddict-item]
         return reply

@@ -148,9 +148,15 @@ def write_dump(
             (tmp / "cuda_memory.txt").write_text(torch.cuda.memory_summary())
             files.append("cuda_memory.txt")
         (tmp / "records.jsonl").write_bytes(b"".join(encode(r) for r in records))
-        meta = {"reason": reason, "step": step, "alert": alert, "batch_ids": batch_ids,
-                "nonfinite_sample_ids": nonfinite_samples(batch, batch_ids),
-                "env": environment(seed), "files": sorted(files)}  # fmt: skip
+        meta = {
+            "reason": reason,
+            "step": step,
+            "alert": alert,
+            "batch_ids": batch_ids,
+            "nonfinite_sample_ids": nonfinite_samples(batch, batch_ids),
+            "env": environment(seed),
+            "files": sorted(files),
+        }
         (tmp / "dump.json").write_text(json.dumps(meta, indent=1, default=repr))
         for name in files:
             fsync_path(tmp / name)
@@ -233,12 +239,25 @@ class DumpWriter:
         kept = self.recent.find(step)
         batch, ids = (kept.batch, kept.ids) if kept is not None else (None, None)
         if ids is None:
-            ids = next((r.get("batch_ids") for r in reversed(records) if r.get("kind") == "step"
-                        and r.get("step") == step), None)  # fmt: skip
+            ids = next(
+                (r.get("batch_ids") for r in reversed(records) if r.get("kind") == "step" and r.get("step") == step),
+                None,
+            )
         held = self._weights
         weights = held[1] if held is not None and held[0] == step and reason == "nonfinite" else None
-        path = str(write_dump(self.run_dir, step=step, reason=reason, alert=found, batch=batch, batch_ids=ids,
-                              records=records, seed=self.seed, weights=weights))  # fmt: skip
+        path = str(
+            write_dump(
+                self.run_dir,
+                step=step,
+                reason=reason,
+                alert=found,
+                batch=batch,
+                batch_ids=ids,
+                records=records,
+                seed=self.seed,
+                weights=weights,
+            )
+        )
         self._last = (step, reason, path)
         return path
 
@@ -247,7 +266,14 @@ class DumpWriter:
         assert self.run_dir is not None
         if last is not None:
             step = last.step
-        path = write_dump(self.run_dir, step=step, reason=reason, alert=None,
-                          batch=last.batch if last else None, batch_ids=last.ids if last else None,
-                          records=records, seed=self.seed)  # fmt: skip
+        path = write_dump(
+            self.run_dir,
+            step=step,
+            reason=reason,
+            alert=None,
+            batch=last.batch if last else None,
+            batch_ids=last.ids if last else None,
+            records=records,
+            seed=self.seed,
+        )
         return str(path)

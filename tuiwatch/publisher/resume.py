@@ -35,8 +35,10 @@ class Trainables:
 def epoch_rng(loader: Any) -> dict[str, Any]:
     """The RNG states a loader's shuffle draws from, taken before ``iter(loader)``."""
     generator = getattr(loader, "generator", None)
-    return {"rng": rng_states(),
-            "loader_generator": generator.get_state() if isinstance(generator, torch.Generator) else None}  # fmt: skip
+    return {
+        "rng": rng_states(),
+        "loader_generator": generator.get_state() if isinstance(generator, torch.Generator) else None,
+    }
 
 
 def restore_epoch_rng(saved: dict[str, Any], loader: Any) -> None:

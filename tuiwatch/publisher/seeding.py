@@ -57,8 +57,11 @@ def seed_everything(seed: int, deterministic: bool = False) -> Seeded:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
-        print("tuiwatch: deterministic algorithms on (torch.use_deterministic_algorithms(True), cuDNN deterministic, "
-              "no benchmark): ops without a deterministic version will raise", file=sys.stderr)  # fmt: skip
+        print(
+            "tuiwatch: deterministic algorithms on (torch.use_deterministic_algorithms(True), cuDNN deterministic, "
+            "no benchmark): ops without a deterministic version will raise",
+            file=sys.stderr,
+        )
     record = {
         "seed": seed,
         "python": True,

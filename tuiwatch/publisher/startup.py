@@ -72,8 +72,10 @@ def open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:
         try:
             found.tcp = open_tcp_listener(*tcp, wanted.with_suffix(TCP_FILE_SUFFIX))
         except OSError as exc:
-            print(f"tuiwatch: no TCP listener at {format_address(*tcp)} ({exc.strerror or exc}); "
-                  "the Unix socket works", file=sys.stderr)  # fmt: skip
+            print(
+                f"tuiwatch: no TCP listener at {format_address(*tcp)} ({exc.strerror or exc}); the Unix socket works",
+                file=sys.stderr,
+            )
     return found
 
 
@@ -106,8 +108,9 @@ class Publishing:
         """Serve viewers (when a socket was bound) and start the pipeline thread."""
         unix, path = self.listeners.unix, self.listeners.path
         if unix is not None and path is not None:
-            self.pipeline.serve(unix, path, self.run_line, on_command, tcp_listener=self.listeners.tcp,
-                                stall_s=viewer_stall_s)  # fmt: skip
+            self.pipeline.serve(
+                unix, path, self.run_line, on_command, tcp_listener=self.listeners.tcp, stall_s=viewer_stall_s
+            )
         self.pipeline.start(on_alert)
 
 
@@ -124,14 +127,23 @@ def open_publishing(
 ) -> Publishing:
     """Steps 1 to 4 above; ``run_info`` is what the run record says of the model and the Watch's settings."""
     directory, store = open_store(run_dir, name)
-    pipeline = Pipeline(store, capacity=queue_size, system_interval_s=system_interval_s,
-                        cuda_device=device.index if device.type == "cuda" else None,
-                        diagnosis=diagnosis)  # fmt: skip
+    pipeline = Pipeline(
+        store,
+        capacity=queue_size,
+        system_interval_s=system_interval_s,
+        cuda_device=device.index if device.type == "cuda" else None,
+        diagnosis=diagnosis,
+    )
     listeners = open_listeners(name, tcp)
     record = make_run_record(
-        name=name, device=device, run_dir=directory, socket_path=listeners.path, socket_error=listeners.error,
-        tcp_address=listeners.tcp.address if listeners.tcp is not None else None, **run_info,
-    )  # fmt: skip
+        name=name,
+        device=device,
+        run_dir=directory,
+        socket_path=listeners.path,
+        socket_error=listeners.error,
+        tcp_address=listeners.tcp.address if listeners.tcp is not None else None,
+        **run_info,
+    )
     run_line = encode(record)
     store.append(run_line)
     ledger_path = store.path if isinstance(store, FileLedger) else None

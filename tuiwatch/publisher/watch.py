@@ -92,13 +92,24 @@ class Watch:
         self.update_norm_every = update_norm_every or default_update_norm_every(param_count)
         self.param_norm_every = param_norm_every or default_param_norm_every(param_count)
         publishing = open_publishing(
-            name=self.name, run_dir=run_dir, tcp=tcp_address, diagnosis=diagnosis, queue_size=queue_size,
+            name=self.name,
+            run_dir=run_dir,
+            tcp=tcp_address,
+            diagnosis=diagnosis,
+            queue_size=queue_size,
             system_interval_s=(1.0 if system else None) if isinstance(system, bool) else float(system),
             device=self.device,
-            run_info={"seed": self.seed, "model": model, "optimizer": optimizer, "param_count": param_count,
-                      "every": every, "update_norm_every": self.update_norm_every,
-                      "param_norm_every": self.param_norm_every, "on_nonfinite": on_nonfinite},
-        )  # fmt: skip
+            run_info={
+                "seed": self.seed,
+                "model": model,
+                "optimizer": optimizer,
+                "param_count": param_count,
+                "every": every,
+                "update_norm_every": self.update_norm_every,
+                "param_norm_every": self.param_norm_every,
+                "on_nonfinite": on_nonfinite,
+            },
+        )
         self.run_record = publishing.run_record
         self.run_dir = publishing.run_dir
         self.ledger_path = publishing.ledger_path
@@ -110,9 +121,14 @@ class Watch:
         self._commands = CommandRunner(tracker, dumps, self.checkpoint_state, run_dir=self.run_dir, stop_mode=stop)
         self._failures = Failures(tracker, dumps, model, on_nonfinite=on_nonfinite, close=self.close)
         self._hooks = ModelHooks(
-            tracker, self._failures, model, optimizer, checking=on_nonfinite != "warn",
-            update_norm_every=self.update_norm_every, param_norm_every=self.param_norm_every,
-        )  # fmt: skip
+            tracker,
+            self._failures,
+            model,
+            optimizer,
+            checking=on_nonfinite != "warn",
+            update_norm_every=self.update_norm_every,
+            param_norm_every=self.param_norm_every,
+        )
         self._hooks.attach()
         publishing.start(self._commands.on_command, dumps.on_alert, viewer_stall_s=viewer_stall_s)
         process.watches.add(self)
@@ -223,8 +239,9 @@ class Watch:
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint holds (SPEC §7): call at a step boundary, where everything is consistent."""
-        return resume.checkpoint_state(self._parts, self._tracker, name=self.name,
-                                       run_id=self.run_record["run_id"], epoch_rng=self._epoch_rng)  # fmt: skip
+        return resume.checkpoint_state(
+            self._parts, self._tracker, name=self.name, run_id=self.run_record["run_id"], epoch_rng=self._epoch_rng
+        )
 
     def restore(self, path: str | Path) -> Checkpoint:
         """Load a checkpoint into the model, optimizer, scheduler, scaler and RNGs, and resume the data there.

@@ -40,12 +40,15 @@ class GradExplosion(Rule):
             return None
         last = [*history[-3:], norm]
         return alert_record(
-            self.id, "warning", record.get("step"),
-            f"grad norm {norm:.3g}" + (f" is {norm / median:.0f}x its recent median {median:.3g}" if jumped and median
-                                      else " is huge") + f"; last: {' → '.join(f'{v:.3g}' for v in last)}",
+            self.id,
+            "warning",
+            record.get("step"),
+            f"grad norm {norm:.3g}"
+            + (f" is {norm / median:.0f}x its recent median {median:.3g}" if jumped and median else " is huge")
+            + f"; last: {' → '.join(f'{v:.3g}' for v in last)}",
             {"grad_norm": norm, "median": median, "last": last},
             "lower the lr, check init and normalisation, clip gradients",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         norm = num(record.get("grad_norm"))
@@ -74,11 +77,13 @@ class GradZero(Rule):
         if self.run < self.steps:
             return None
         return alert_record(
-            self.id, "critical", record.get("step"),
+            self.id,
+            "critical",
+            record.get("step"),
             f"gradients are {'missing' if norm is None else 'all zero'} for {self.run} optimizer steps",
             {"grad_norm": norm, "steps": self.run},
             "a detached graph, no_grad, frozen params, or a loss that does not depend on the model",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         norm = record.get("grad_norm")

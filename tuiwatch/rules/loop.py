@@ -47,11 +47,13 @@ class DataBound(Rule):
             return None
         share = sorted(self.recent)[self.window // 2]
         return alert_record(
-            self.id, "warning", record.get("step"),
+            self.id,
+            "warning",
+            record.get("step"),
             f"waiting for data takes {share:.0%} of the step (median of the last {self.window} steps)",
             {"data_wait_share": share, "data_wait_s": record.get("data_wait_s"), "compute_s": record.get("compute_s")},
             "more loader workers, lighter transforms, faster storage, pin_memory",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         return self._push(record) and self.under * 2 > self.window
@@ -67,6 +69,10 @@ class EvalMode(Rule):
         if record.get("training") is not True:
             return None
         return alert_record(
-            self.id, "warning", record.get("step"), "eval metrics were logged with model.training == True",
-            {"training": True}, "call model.eval() before validating (and model.train() after)",
-        )  # fmt: skip
+            self.id,
+            "warning",
+            record.get("step"),
+            "eval metrics were logged with model.training == True",
+            {"training": True},
+            "call model.eval() before validating (and model.train() after)",
+        )

@@ -31,9 +31,13 @@ class LossFrozen(Rule):
         if self.run < self.steps:
             return None
         return alert_record(
-            self.id, "warning", record.get("step"), f"loss is {loss!r} for {self.run} steps in a row",
-            {"loss": loss, "steps": self.run}, "the model is not changing: look at the update norm and the lr",
-        )  # fmt: skip
+            self.id,
+            "warning",
+            record.get("step"),
+            f"loss is {loss!r} for {self.run} steps in a row",
+            {"loss": loss, "steps": self.run},
+            "the model is not changing: look at the update norm and the lr",
+        )
 
     def clears(self, record: Record) -> bool:
         loss = num(record.get("loss"))
@@ -84,12 +88,14 @@ class LossChance(Rule):
         if abs(median - chance) > self.tolerance * chance or min(self.recent) < (1 - 2 * self.tolerance) * chance:
             return None
         return alert_record(
-            self.id, "warning", record.get("step"),
+            self.id,
+            "warning",
+            record.get("step"),
             f"loss {median:.3f} is at chance level ln({self.classes}) = {chance:.3f} "
             f"(median of the last {len(self.recent)} steps)",
             {"loss_median": median, "chance": chance, "classes": self.classes, "window": len(self.recent)},
             "the labels (shuffled? misaligned?), the output/loss contract (an extra softmax?), the lr",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         chance = self._push(record)
@@ -138,12 +144,13 @@ class LossSpike(Rule):
         median = statistics.median(self.recent)
         ids = record.get("batch_ids")
         return alert_record(
-            self.id, "warning", record.get("step"),
+            self.id,
+            "warning",
+            record.get("step"),
             f"loss {loss:.4g} jumped to {loss / median:.1f}x its recent median {median:.4g}",
-            {"loss": loss, "median": median, "bar": self.bar,
-             "batch_ids": ids[:64] if isinstance(ids, list) else None},
+            {"loss": loss, "median": median, "bar": self.bar, "batch_ids": ids[:64] if isinstance(ids, list) else None},
             "look at this batch (its ids are in the evidence and its tensors in the dump), then the lr",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         # A spike is one step: the next ordinary loss ends it.
@@ -201,13 +208,20 @@ class Overfit(Rule):
         if self.rises < self.rises_needed or value <= best * (1 + self.margin) or train >= train_at_best:
             return None
         return alert_record(
-            self.id, "warning", record.get("step"),
+            self.id,
+            "warning",
+            record.get("step"),
             f"eval loss rose {self.rises} times in a row to {value:.4g} (best {best:.4g}) "
             f"while the training loss fell to {train:.4g} (from {train_at_best:.4g})",
-            {"eval_loss": value, "best_eval_loss": best, "train_loss": train, "train_loss_at_best": train_at_best,
-             "rises": self.rises},
+            {
+                "eval_loss": value,
+                "best_eval_loss": best,
+                "train_loss": train,
+                "train_loss_at_best": train_at_best,
+                "rises": self.rises,
+            },
             "regularise (dropout, weight decay, augmentation), stop early at the best eval, more data",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         point = self._eval(record)

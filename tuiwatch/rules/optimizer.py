@@ -48,12 +48,14 @@ class LrZero(Rule):
         lr = record.get("lr")
         collapsed = any(v != 0 for v in lr or ())
         return alert_record(
-            self.id, "warning", record.get("step"),
+            self.id,
+            "warning",
+            record.get("step"),
             f"learning rate is {'collapsed to ' + str(lr) if collapsed else '0'} for {self.run} optimizer steps"
             + (f" (it was {self.peak})" if collapsed else ""),
             {"lr": lr, "peak_lr": list(self.peak), "steps": self.run},
             "read the schedule (warm-up, decay, step size; scheduler.step() once per epoch or per batch?)",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         if self._zero(record) is False:
@@ -118,13 +120,23 @@ class NoUpdate(Rule):
         if fallen:
             message += f"; the lr fell to {top:.3g} from {self.peak_lr:.3g}"
         return alert_record(
-            self.id, "critical", record.get("step"), message,
-            {"grad_norm": record.get("grad_norm"), "update_norm": record.get("update_norm"),
-             "param_norm": record.get("param_norm"), "lr": lr, "peak_lr": self.peak_lr,
-             "zero_updates": self.zero_updates, "same_param_steps": self.same_params},
-            "read the schedule: the lr is too small to move the weights" if fallen else
-            "the optimizer holds other parameters (built on a copy?), the lr is 0, or the parameters are frozen",
-        )  # fmt: skip
+            self.id,
+            "critical",
+            record.get("step"),
+            message,
+            {
+                "grad_norm": record.get("grad_norm"),
+                "update_norm": record.get("update_norm"),
+                "param_norm": record.get("param_norm"),
+                "lr": lr,
+                "peak_lr": self.peak_lr,
+                "zero_updates": self.zero_updates,
+                "same_param_steps": self.same_params,
+            },
+            "read the schedule: the lr is too small to move the weights"
+            if fallen
+            else "the optimizer holds other parameters (built on a copy?), the lr is 0, or the parameters are frozen",
+        )
 
     def clears(self, record: Record) -> bool:
         return self._still(record) is False

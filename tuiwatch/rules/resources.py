@@ -65,12 +65,14 @@ class MemoryGrowth(Rule):
         name, first, last = found
         what = "allocated device memory" if name == "mem_allocated" else "process RSS"
         return alert_record(
-            self.id, "warning", self.step,
+            self.id,
+            "warning",
+            self.step,
             f"{what} keeps growing: {first / MiB:,.0f} → {last / MiB:,.0f} MiB over the last {self.window} samples",
             {"series": name, "from_bytes": first, "to_bytes": last, "samples": self.window},
             "something keeps tensors alive across steps: log loss.item() or loss.detach(), not loss; "
             "look for lists or dicts that grow",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         name = "mem_allocated" if record.get("kind") == "step" else "rss"
@@ -95,12 +97,15 @@ class Oom(Rule):
         rss = num(oom.get("rss"))
         memory += "" if rss is None else f"; process RSS {rss / MiB:,.0f} MiB"
         return alert_record(
-            self.id, "critical", record.get("step"),
+            self.id,
+            "critical",
+            record.get("step"),
             f"out of memory at step {record.get('step')} with batch {shape}"
-            + (f" ({tokens} tokens)" if tokens is not None else "") + memory,
+            + (f" ({tokens} tokens)" if tokens is not None else "")
+            + memory,
             {"batch_shape": shape, "tokens": tokens, "batch_ids": record.get("batch_ids"), **oom},
             "the batch dims or token count at failure: bucket by length, cap the sequence, or lower the batch size",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         return record.get("kind") == "step" and "oom" not in record
@@ -141,12 +146,14 @@ class Straggler(Rule):
             return None
         rank, slow, others = found
         return alert_record(
-            self.id, "warning", record.get("step"),
+            self.id,
+            "warning",
+            record.get("step"),
             f"rank {rank} takes {slow * 1000:.1f} ms a step, "
             f"{slow / others:.1f}x the other ranks ({others * 1000:.1f} ms)",
             {"rank": rank, "step_s": slow, "others_step_s": others},
             "that rank's loader and host: data wait, CPU contention, a slower GPU or link",
-        )  # fmt: skip
+        )
 
     def clears(self, record: Record) -> bool:
         found = self._slowest(record)

@@ -21,13 +21,21 @@ class NonFinite(Rule):
         boundary = failed[0]
         loss, norm = record.get("loss"), record.get("grad_norm")
         ids = record.get("batch_ids")
-        evidence = {"boundary": boundary, "failed": failed, "loss": loss, "grad_norm": norm,
-                    "batch_ids": ids[:64] if isinstance(ids, list) else None}  # fmt: skip
+        evidence = {
+            "boundary": boundary,
+            "failed": failed,
+            "loss": loss,
+            "grad_norm": norm,
+            "batch_ids": ids[:64] if isinstance(ids, list) else None,
+        }
         return alert_record(
-            self.id, "critical", record.get("step"),
+            self.id,
+            "critical",
+            record.get("step"),
             f"first at step {record.get('step')}, boundary={boundary} (loss {loss}, grad norm {norm})",
-            evidence, f"fix the {boundary} boundary: look at that batch's ids and what produces it",
-        )  # fmt: skip
+            evidence,
+            f"fix the {boundary} boundary: look at that batch's ids and what produces it",
+        )
 
     def clears(self, record: Record) -> bool:
         finite = record.get("finite")

@@ -159,8 +159,9 @@ class RunState:
             self.answered.append(r)
         action = str(r.get("action") or sent or "command")
         ok = r.get("ok") is True
-        self.alerts.appendleft(Alert("info" if ok else "warning", integer(r.get("step")), "command",
-                                     describe_action(r, action)))  # fmt: skip
+        self.alerts.appendleft(
+            Alert("info" if ok else "warning", integer(r.get("step")), "command", describe_action(r, action))
+        )
         if ok and action == "pause":
             self.status = "paused"
         elif ok and action == "resume":

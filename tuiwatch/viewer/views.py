@@ -143,8 +143,15 @@ def build_views(state: RunState, *, window: int | None, now: float | None, mode:
 def header_view(state: RunState, now: float | None, mode: str) -> HeaderView:
     elapsed = state.elapsed(now)
     host = state.run.get("host")
-    return HeaderView(state.name, str(host) if host else None, state.step, state.epoch,
-                      None if elapsed is None else int(elapsed), state.status, mode)  # fmt: skip
+    return HeaderView(
+        state.name,
+        str(host) if host else None,
+        state.step,
+        state.epoch,
+        None if elapsed is None else int(elapsed),
+        state.status,
+        mode,
+    )
 
 
 def training_view(state: RunState, window: int | None) -> TrainingView:
@@ -199,9 +206,15 @@ def device_total(run: Mapping[str, Any], gpus: list[Any] | None) -> float | None
 
 
 def gpu_view(gpu: Mapping[str, Any]) -> GpuView:
-    return GpuView(str(gpu.get("index")), finite(gpu.get("util")), finite(gpu.get("mem_used")),
-                   finite(gpu.get("mem_total")), finite(gpu.get("process_mem_used")), finite(gpu.get("temp")),
-                   finite(gpu.get("power")))  # fmt: skip
+    return GpuView(
+        str(gpu.get("index")),
+        finite(gpu.get("util")),
+        finite(gpu.get("mem_used")),
+        finite(gpu.get("mem_total")),
+        finite(gpu.get("process_mem_used")),
+        finite(gpu.get("temp")),
+        finite(gpu.get("power")),
+    )
 
 
 def memory_view(state: RunState, window: int | None) -> MemoryView:
@@ -210,8 +223,13 @@ def memory_view(state: RunState, window: int | None) -> MemoryView:
     allocated = finite(step.get("mem_allocated"))
     device = None
     if allocated is not None:
-        device = DeviceMemoryView(allocated, finite(step.get("mem_reserved")), finite(step.get("mem_peak")),
-                                  device_total(state.run, gpus), str(state.run.get("device")))  # fmt: skip
+        device = DeviceMemoryView(
+            allocated,
+            finite(step.get("mem_reserved")),
+            finite(step.get("mem_peak")),
+            device_total(state.run, gpus),
+            str(state.run.get("device")),
+        )
     worker_cpu = system.get("workers_cpu_percent")
     workers = integer(system.get("workers"))
     busy = sum(v for v in map(finite, worker_cpu) if v is not None) if isinstance(worker_cpu, list) else None

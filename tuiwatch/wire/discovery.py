@@ -112,8 +112,9 @@ def resolve_target(target: str | None, directory: Path | None = None) -> LiveRun
         run = _first_record(path, 2.0)
         if run is None:
             raise TuiwatchError(f"{target} does not answer as a tuiwatch run")
-        return LiveRun(str(run.get("name", "?")), int(run.get("pid", 0)), str(path), None, "live",
-                       run.get("run_id"), None)  # fmt: skip
+        return LiveRun(
+            str(run.get("name", "?")), int(run.get("pid", 0)), str(path), None, "live", run.get("run_id"), None
+        )
     runs = list_live_runs(directory)
     if not runs:
         raise TuiwatchError("no live runs on this host: start one (tuiwatch demo --no-viewer) or replay a ledger")
@@ -161,8 +162,12 @@ def parse_remote(target: str | None, ssh: str | None = None, tuiwatch: str | Non
     host, _, name = target.partition(":")
     if not host or "/" in host:
         return None  # a path with a colon in it
-    return Remote(host, name or None, ssh or os.environ.get("TUIWATCH_SSH") or DEFAULT_SSH,
-                  tuiwatch or os.environ.get("TUIWATCH_REMOTE") or DEFAULT_REMOTE)  # fmt: skip
+    return Remote(
+        host,
+        name or None,
+        ssh or os.environ.get("TUIWATCH_SSH") or DEFAULT_SSH,
+        tuiwatch or os.environ.get("TUIWATCH_REMOTE") or DEFAULT_REMOTE,
+    )
 
 
 def list_remote_runs(remote: Remote) -> list[LiveRun]:
@@ -179,14 +184,26 @@ def list_remote_runs(remote: Remote) -> list[LiveRun]:
     if done.returncode == 255:
         raise TuiwatchError(f"ssh to {remote.host} failed: {last}")
     if done.returncode == 127 or "command not found" in last or "No module named" in last:
-        raise TuiwatchError(f"tuiwatch is not installed on {remote.host} (ran: {remote.tuiwatch}): "
-                            "install it there, or give --remote-tuiwatch PATH")  # fmt: skip
+        raise TuiwatchError(
+            f"tuiwatch is not installed on {remote.host} (ran: {remote.tuiwatch}): "
+            "install it there, or give --remote-tuiwatch PATH"
+        )
     if done.returncode != 0:
         raise TuiwatchError(f"tuiwatch ls on {remote.host} failed: {last}")
     try:
         rows = orjson.loads(done.stdout)
-        return [LiveRun(str(r["name"]), int(r["pid"]), str(r["socket"]), r.get("step"), str(r.get("status", "?")),
-                        r.get("run_id"), r.get("ledger")) for r in rows]  # fmt: skip
+        return [
+            LiveRun(
+                str(r["name"]),
+                int(r["pid"]),
+                str(r["socket"]),
+                r.get("step"),
+                str(r.get("status", "?")),
+                r.get("run_id"),
+                r.get("ledger"),
+            )
+            for r in rows
+        ]
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
         raise TuiwatchError(f"tuiwatch ls on {remote.host} did not answer with a run list") from None
 

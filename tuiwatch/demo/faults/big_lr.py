@@ -24,9 +24,20 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # the bug: a "boost" meant as x2 typed as x200
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 if s < STARTS else 200.0)
-    return train(model, optimizer, loader(x, y, g), name="fault-big-lr", steps=steps, run_dir=run_dir, seed=seed,
-                 scheduler=scheduler, scheduler_per_batch=True, clip=None, expected=(NonFiniteError,),
-                 **kw)  # fmt: skip
+    return train(
+        model,
+        optimizer,
+        loader(x, y, g),
+        name="fault-big-lr",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        scheduler=scheduler,
+        scheduler_per_batch=True,
+        clip=None,
+        expected=(NonFiniteError,),
+        **kw,
+    )
 
 
 if __name__ == "__main__":

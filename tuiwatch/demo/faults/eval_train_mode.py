@@ -22,8 +22,17 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     model = mlp(dropout=0.3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     val = Validation(separable(512, g), every=STARTS, in_train_mode=True)  # the bug: no model.eval()
-    return train(model, optimizer, loader(x, y, g), name="fault-eval-train-mode", steps=steps, run_dir=run_dir,
-                 seed=seed, val=val, **kw)  # fmt: skip
+    return train(
+        model,
+        optimizer,
+        loader(x, y, g),
+        name="fault-eval-train-mode",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        val=val,
+        **kw,
+    )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,17 @@ def run(steps: int = 3000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     kw.setdefault("system", 0.25)
     kw.setdefault("delay_s", 0.005)
-    return train(model, optimizer, loader(x, y, g, batch_size=256), name="fault-kept-graphs", steps=steps,
-                 run_dir=run_dir, seed=seed, on_loss=keep_the_graph, **kw)  # fmt: skip
+    return train(
+        model,
+        optimizer,
+        loader(x, y, g, batch_size=256),
+        name="fault-kept-graphs",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        on_loss=keep_the_graph,
+        **kw,
+    )
 
 
 if __name__ == "__main__":

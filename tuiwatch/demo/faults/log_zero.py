@@ -31,8 +31,18 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     y[SAMPLE] = 0
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return train(model, optimizer, loader(x, y, g), name="fault-log-zero", steps=steps, run_dir=run_dir, seed=seed,
-                 loss_fn=handwritten_cross_entropy, expected=(NonFiniteError,), **kw)  # fmt: skip
+    return train(
+        model,
+        optimizer,
+        loader(x, y, g),
+        name="fault-log-zero",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        loss_fn=handwritten_cross_entropy,
+        expected=(NonFiniteError,),
+        **kw,
+    )
 
 
 if __name__ == "__main__":

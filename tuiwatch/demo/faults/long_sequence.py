@@ -52,8 +52,17 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     torch.manual_seed(seed)
     model = TinyAttention()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    return train(model, optimizer, Sequences(seed), name="fault-long-sequence", steps=steps, run_dir=run_dir,
-                 seed=seed, expected=(RuntimeError, MemoryError), **kw)  # fmt: skip
+    return train(
+        model,
+        optimizer,
+        Sequences(seed),
+        name="fault-long-sequence",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        expected=(RuntimeError, MemoryError),
+        **kw,
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,18 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=30, gamma=0.1)
-    return train(model, optimizer, loader(x, y, g), name="fault-lr-collapse", steps=steps, run_dir=run_dir,
-                 seed=seed, scheduler=scheduler, scheduler_per_batch=True, **kw)  # fmt: skip  # the bug: per batch
+    return train(
+        model,
+        optimizer,
+        loader(x, y, g),
+        name="fault-lr-collapse",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        scheduler=scheduler,
+        scheduler_per_batch=True,  # the bug: a per-epoch schedule stepped per batch
+        **kw,
+    )
 
 
 if __name__ == "__main__":

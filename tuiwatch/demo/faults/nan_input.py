@@ -24,8 +24,17 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     x[SAMPLE, 1] = float("nan")  # the bug: one corrupt feature in the data
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return train(model, optimizer, loader(x, y, g), name="fault-nan-input", steps=steps, run_dir=run_dir, seed=seed,
-                 expected=(NonFiniteError,), **kw)  # fmt: skip
+    return train(
+        model,
+        optimizer,
+        loader(x, y, g),
+        name="fault-nan-input",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        expected=(NonFiniteError,),
+        **kw,
+    )
 
 
 if __name__ == "__main__":

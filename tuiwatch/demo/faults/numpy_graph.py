@@ -29,8 +29,17 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     g, x, y = seeded_problem(seed)
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return train(model, optimizer, loader(x, y, g), name="fault-numpy-graph", steps=steps, run_dir=run_dir,
-                 seed=seed, forward=through_numpy, **kw)  # fmt: skip
+    return train(
+        model,
+        optimizer,
+        loader(x, y, g),
+        name="fault-numpy-graph",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        forward=through_numpy,
+        **kw,
+    )
 
 
 if __name__ == "__main__":

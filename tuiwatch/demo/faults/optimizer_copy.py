@@ -25,8 +25,9 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     model = mlp()
     ema = copy.deepcopy(model)
     optimizer = torch.optim.SGD(ema.parameters(), lr=0.1, momentum=0.9)  # the bug: the copy's parameters
-    return train(model, optimizer, loader(x, y, g), name="fault-optimizer-copy", steps=steps, run_dir=run_dir,
-                 seed=seed, **kw)  # fmt: skip
+    return train(
+        model, optimizer, loader(x, y, g), name="fault-optimizer-copy", steps=steps, run_dir=run_dir, seed=seed, **kw
+    )
 
 
 if __name__ == "__main__":

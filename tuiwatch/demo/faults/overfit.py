@@ -25,8 +25,17 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     y[flip] = 1 - y[flip]  # ...and noisy labels in it
     model = nn.Sequential(nn.Linear(2, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 2))
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    return train(model, optimizer, loader(x, y, g, batch_size=16), name="fault-overfit", steps=steps,
-                 run_dir=run_dir, seed=seed, val=Validation(separable(1024, g), every=25), **kw)  # fmt: skip
+    return train(
+        model,
+        optimizer,
+        loader(x, y, g, batch_size=16),
+        name="fault-overfit",
+        steps=steps,
+        run_dir=run_dir,
+        seed=seed,
+        val=Validation(separable(1024, g), every=25),
+        **kw,
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ def run(steps: int = 1000, seed: int = 0, run_dir: str | None = "runs", **kw: An
     y = y[torch.randperm(len(y), generator=g)]  # the bug: labels shuffled on their own
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    return train(model, optimizer, loader(x, y, g), name="fault-shuffled-labels", steps=steps, run_dir=run_dir,
-                 seed=seed, **kw)  # fmt: skip
+    return train(
+        model, optimizer, loader(x, y, g), name="fault-shuffled-labels", steps=steps, run_dir=run_dir, seed=seed, **kw
+    )
 
 
 if __name__ == "__main__":

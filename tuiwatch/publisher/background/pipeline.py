@@ -101,8 +101,16 @@ class Pipeline:
         stall_s: float = 5.0,
     ) -> None:
         """Serve viewers on the bound ``listener`` (and ``tcp_listener``); called once, before :meth:`start`."""
-        self.server = Server(listener, path, self.sink.store, run_line, on_command, self._selector,
-                             tcp_listener=tcp_listener, stall_s=stall_s)  # fmt: skip
+        self.server = Server(
+            listener,
+            path,
+            self.sink.store,
+            run_line,
+            on_command,
+            self._selector,
+            tcp_listener=tcp_listener,
+            stall_s=stall_s,
+        )
 
     def start(self, on_alert: Callable[[AlertRecord, list[Record]], str | None] | None = None) -> None:
         """Start the thread. ``on_alert`` is called on it for each warning or critical alert, with the
@@ -251,9 +259,16 @@ class Pipeline:
 
     def counters_record(self) -> PublisherRecord:
         c = self._counters()
-        return {"kind": "publisher", "t": time.time(), "status": c.status, "dropped_records": c.dropped_records,
-                "dropped_viewers": c.dropped_viewers, "refused_peers": c.refused_peers, "viewers": c.viewers,
-                "error": self.error}  # fmt: skip
+        return {
+            "kind": "publisher",
+            "t": time.time(),
+            "status": c.status,
+            "dropped_records": c.dropped_records,
+            "dropped_viewers": c.dropped_viewers,
+            "refused_peers": c.refused_peers,
+            "viewers": c.viewers,
+            "error": self.error,
+        }
 
     def _write_counters(self, force: bool) -> None:
         current = self._counters()

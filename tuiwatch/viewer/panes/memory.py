@@ -74,8 +74,13 @@ class MemoryPane(Pane):
         rows: list[Text] = []
         d = v.device
         if d is not None and d.total is None:
-            rows.append(Text(f"alloc {size(d.allocated)}  reserved {size(d.reserved)}  peak {size(d.peak)}",
-                             no_wrap=True, overflow="ellipsis"))  # fmt: skip
+            rows.append(
+                Text(
+                    f"alloc {size(d.allocated)}  reserved {size(d.reserved)}  peak {size(d.peak)}",
+                    no_wrap=True,
+                    overflow="ellipsis",
+                )
+            )
         elif d is not None and d.total is not None:
             styles = {role: self.style_of(role) for role in ("dim", "fine", "filling", "full")}
             for label, value in (("allocated", d.allocated), ("reserved", d.reserved), ("peak", d.peak)):

@@ -12,8 +12,14 @@ from tuiwatch.viewer.views import TimingView
 
 
 class TimingPane(Pane):
-    COMPONENT_CLASSES = {"pane--dim", "pane--wait", "pane--compute", "pane--wait-bar", "pane--compute-bar",
-                         "pane--wait-dominates"}  # fmt: skip
+    COMPONENT_CLASSES = {
+        "pane--dim",
+        "pane--wait",
+        "pane--compute",
+        "pane--wait-bar",
+        "pane--compute-bar",
+        "pane--wait-dominates",
+    }
     view: reactive[TimingView | None] = reactive(None)
 
     def __init__(self) -> None:
@@ -25,9 +31,14 @@ class TimingPane(Pane):
             return Text("")
         wait, compute = v.data_wait_s, v.compute_s
         rows = [
-            Text.assemble(("wait ", self.style_of("wait")), seconds_short(wait),
-                          ("  compute ", self.style_of("compute")), seconds_short(compute), no_wrap=True)
-        ]  # fmt: skip
+            Text.assemble(
+                ("wait ", self.style_of("wait")),
+                seconds_short(wait),
+                ("  compute ", self.style_of("compute")),
+                seconds_short(compute),
+                no_wrap=True,
+            )
+        ]
         if wait is not None and compute is not None and wait + compute > 0:
             share = wait / (wait + compute)
             bar_w = max(self.content_region.width - 15, 4)

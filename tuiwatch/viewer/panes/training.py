@@ -12,8 +12,16 @@ from tuiwatch.viewer.views import TrainingView
 
 
 class TrainingPane(Pane):
-    COMPONENT_CLASSES = {"pane--dim", "pane--train", "pane--eval", "pane--lr", "pane--lr-title", "pane--grad",
-                         "pane--grad-title", "pane--clipped"}  # fmt: skip
+    COMPONENT_CLASSES = {
+        "pane--dim",
+        "pane--train",
+        "pane--eval",
+        "pane--lr",
+        "pane--lr-title",
+        "pane--grad",
+        "pane--grad-title",
+        "pane--clipped",
+    }
     view: reactive[TrainingView | None] = reactive(None)
 
     def __init__(self) -> None:

@@ -22,11 +22,13 @@ class RunPicker(App[LiveRun | None]):
         yield Static("Several runs are live. Pick one (enter):")
         yield OptionList(
             *(
-                Option(f"{safe(r.name, 40):<24} pid {r.pid:<8} step {'-' if r.step is None else r.step:<8} {r.status}",
-                       id=str(i))
+                Option(
+                    f"{safe(r.name, 40):<24} pid {r.pid:<8} step {'-' if r.step is None else r.step:<8} {r.status}",
+                    id=str(i),
+                )
                 for i, r in enumerate(self.runs)
             )
-        )  # fmt: skip
+        )
         yield Footer()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
