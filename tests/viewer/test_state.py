@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.viewer.state import RunState
+from tuiwatch.viewer.views import eval_metric
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 
@@ -25,7 +26,7 @@ def test_folding_a_finished_ledger_gives_its_last_values():
     assert state.step == steps[-1]["step"] == 149
     assert state.metrics["loss"].current == steps[-1]["loss"]
     assert state.grad_norm.current == steps[-1]["grad_norm"]
-    assert state.eval_metric() == "val_loss"
+    assert eval_metric(state) == "val_loss"
     assert state.eval_metrics["val_loss"].count == 3
     assert state.name == "demo-mlp"
     assert state.run["host"] == "gpu-box"

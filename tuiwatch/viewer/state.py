@@ -205,18 +205,6 @@ class RunState:
         end = self.last_t if self.status in ("finished", "stopped", "disconnected") or now is None else now
         return None if end is None else end - started
 
-    def train_metric(self) -> str | None:
-        """The metric to chart as 'loss': ``loss`` if logged, else the first one."""
-        if "loss" in self.metrics:
-            return "loss"
-        return next(iter(self.metrics), None)
-
-    def eval_metric(self) -> str | None:
-        for name in ("val_loss", "eval_loss", "loss"):
-            if name in self.eval_metrics:
-                return name
-        return next((n for n in self.eval_metrics if "loss" in n), None)
-
 
 def _add_metrics(series: dict[str, Series], r: Record, skip: Iterable[str], step: int) -> None:
     for name, value in r.items():

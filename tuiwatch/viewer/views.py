@@ -154,8 +154,23 @@ def header_view(state: RunState, now: float | None, mode: str) -> HeaderView:
     )
 
 
+def train_metric(state: RunState) -> str | None:
+    """The metric to chart as 'loss': ``loss`` if logged, else the first one."""
+    if "loss" in state.metrics:
+        return "loss"
+    return next(iter(state.metrics), None)
+
+
+def eval_metric(state: RunState) -> str | None:
+    """The eval metric charted beside it: ``val_loss``, ``eval_loss``, ``loss``, else one named like a loss."""
+    for name in ("val_loss", "eval_loss", "loss"):
+        if name in state.eval_metrics:
+            return name
+    return next((n for n in state.eval_metrics if "loss" in n), None)
+
+
 def training_view(state: RunState, window: int | None) -> TrainingView:
-    train, evaluation = state.train_metric(), state.eval_metric()
+    train, evaluation = train_metric(state), eval_metric(state)
     step = state.last_step
     lr = step.get("lr")
     lr_value = num(lr[0]) if isinstance(lr, list) and lr else state.lr.current
