@@ -39,6 +39,16 @@ EXPECTED: dict[str, tuple[int, int | None, int]] = {
 }
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """torch's thread pool spin-waits at each op: beside other jobs on 2 cores, a 1 ms step of the tiny MLP
+    then takes 50 ms of wall time at random, which no timing rule can be judged by. One thread is steady."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def run(name: str, run_root: Path) -> tuple[Outcome, list[Record]]:
     outcome = scenario(name).run(steps=EXPECTED[name][0], run_dir=run_root)
     return outcome, list(tuiwatch.read_ledger(outcome.watch.run_dir or ""))
@@ -188,22 +198,13 @@ def test_a_missing_dump_is_a_one_line_error(tmp_path: Path):
         tuiwatch.load_dump(tmp_path)
 
 
-@pytest.fixture
-def one_torch_thread() -> Iterator[None]:
-    """torch's thread pool spin-waits at each op: beside other jobs on 2 cores, one thread is steady."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # 1,000 steps each: ~10 s on an idle 2-core machine, 40-120 s beside two CPU hogs.
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("seed", list(SEEDS))
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("model", list(MODELS))
 def test_healthy_runs_raise_no_warning_or_critical_alert(
-    model: str, variant: str, seed: int, tmp_path: Path, socket_dir: Path, one_torch_thread: None
+    model: str, variant: str, seed: int, tmp_path: Path, socket_dir: Path
 ):
     row = healthy_row(model, variant, seed, tmp_path)
     assert row.steps == HEALTHY_STEPS

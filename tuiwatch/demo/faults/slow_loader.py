@@ -1,6 +1,8 @@
-"""A data loader that sleeps: each batch takes 20 ms to assemble, the model 1 ms to train on it.
+"""A data loader that sleeps: each batch takes 50 ms to assemble, the model about 1 ms to train on it.
 
-Expected: ``data-bound`` at step 49, once the 50-step window is full.
+Expected: ``data-bound`` at step 49, once the 50-step window is full. (50 ms
+rather than 20: beside other jobs on two cores, a 1 ms step can take 20 ms
+of wall time, and the loader must still dominate.)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ STARTS = 0
 
 
 def slow_collate(samples: list[Any]) -> Any:
-    time.sleep(0.02)  # the bug: a slow transform (decoding, a network read) in the main process
+    time.sleep(0.05)  # the bug: a slow transform (decoding, a network read) in the main process
     return default_collate(samples)
 
 
