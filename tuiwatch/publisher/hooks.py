@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -35,6 +36,31 @@ def default_param_norm_every(param_count: int) -> int:
     # A parameter norm reads every weight: ~8 µs on the tiny MLP, ~100 µs on a
     # 1M-parameter model on the CPU, so large models sample it.
     return 1 if param_count <= 100_000 else 10
+
+
+class ForwardHook:
+    """What a Watch registers on the user's model: a model with it stays a normal model.
+
+    The model's hook table is pickled, deep-copied and averaged with the model
+    (``torch.save(model)``, ``copy.deepcopy``, ``AveragedModel``). This hook
+    holds its :class:`ModelHooks` only weakly, and copies or pickles as an inert
+    hook: no lock or thread of the Watch is ever reached, and a copy of the
+    model never publishes into the original's Watch. (Loading such a pickle
+    needs tuiwatch importable, as it needs the model's own class.)
+    """
+
+    __slots__ = ("_target",)
+
+    def __init__(self, target: Any = None):
+        self._target = weakref.WeakMethod(target) if target is not None else None
+
+    def __call__(self, module: Any, args: Any, output: Any) -> None:
+        target = self._target() if self._target is not None else None
+        if target is not None:
+            target(module, args, output)
+
+    def __reduce__(self) -> tuple[type[ForwardHook], tuple[()]]:
+        return (ForwardHook, ())
 
 
 def _deferred(value: Any) -> Any:
@@ -70,7 +96,7 @@ class ModelHooks:
             self._handles.append(self.optimizer.register_step_pre_hook(self.before_optimizer_step))
             self._handles.append(self.optimizer.register_step_post_hook(self.after_optimizer_step))
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
-        self._handles.append(self.model.register_forward_hook(self.after_forward, always_call=True))
+        self._handles.append(self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True))
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -131,6 +157,8 @@ class ModelHooks:
                 s.update_norm = _deferred(total_norm(torch._foreach_sub(params, before)))
 
     def after_forward(self, module: Any, args: Any, output: Any) -> None:
+        if module is not self.model:
+            return  # a shallow copy of the model shares its hook table: its forwards are not this run's
         if output is None:
             failure = sys.exc_info()[1]  # always_call: the forward is raising
             if failure is not None and process.is_oom(failure):

@@ -108,7 +108,7 @@ def make_run_record(
         "socket": None if socket_path is None else str(socket_path),
         "socket_error": socket_error,
         "tcp": tcp_address,
-        "model": type(model).__name__,
+        "model": type(getattr(model, "_orig_mod", model)).__name__,  # the compiled model's own class
         "optimizer": None if optimizer is None else type(optimizer).__name__,
         "params": param_count,
         "every": every,

@@ -1,0 +1,101 @@
+"""A watched model stays a normal model: it pickles, copies, averages and compiles, and copies stay out of the run.
+
+Written after pytorch/examples' word_language_model crashed at the end of its
+first epoch on ``torch.save(model, f)`` with a Watch attached.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+from pathlib import Path
+from typing import cast
+
+import torch
+from torch import nn
+
+import tuiwatch
+from tuiwatch.ledger.records import Record
+
+from ..helpers import records
+
+
+def _watched(run_root: Path) -> tuple[nn.Module, torch.optim.Optimizer, tuiwatch.Watch]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, optimizer, tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False)
+
+
+def _train(watch: tuiwatch.Watch, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(steps)]
+    for x, y in watch.batches(batches):
+        loss = nn.functional.cross_entropy(model(x), y)
+        watch.log(loss=loss)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _steps(watch: tuiwatch.Watch) -> list[Record]:
+    assert watch.ledger_path is not None
+    return records(watch.ledger_path, "step")
+
+
+def test_a_watched_model_pickles_deep_copies_and_saves_whole(run_root: Path, socket_dir: Path):
+    model, optimizer, watch = _watched(run_root)
+    _train(watch, model, optimizer, 3)
+    x = torch.randn(5, 2)
+    saved = io.BytesIO()
+    torch.save(model, saved)  # word_language_model's end of epoch
+    saved.seek(0)
+    copies = [
+        pickle.loads(pickle.dumps(model)),  # noqa: S301 - the bytes this test just made
+        copy.deepcopy(model),
+        torch.load(saved, weights_only=False),
+    ]
+    for clone in copies:
+        assert torch.equal(clone(x), model(x))
+    restored = pickle.loads(pickle.dumps(optimizer))  # noqa: S301 - the bytes this test just made
+    assert restored.state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
+    _train(watch, model, optimizer, 2)  # the run goes on as before
+    watch.close()
+    assert [s["step"] for s in _steps(watch)] == [0, 1, 2, 3, 4]
+
+
+def test_copies_of_a_watched_model_never_publish_into_its_run(run_root: Path, socket_dir: Path):
+    model, optimizer, watch = _watched(run_root)
+    ema = torch.optim.swa_utils.AveragedModel(model)  # an EMA/SWA copy, updated beside the model
+    shallow = copy.copy(model)  # shares the model's hook table
+    deep = copy.deepcopy(model)
+    for x, y in watch.batches([(torch.full((4, 2), float("nan")), torch.zeros(4, dtype=torch.long))]):
+        # Non-finite outputs from the copies: the step's forward probe must not see them.
+        for clone in (ema, shallow, deep):
+            clone(x)
+        ok = torch.ones(4, 2)
+        loss = nn.functional.cross_entropy(model(ok), y)
+        watch.log(loss=loss)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        ema.update_parameters(model)
+    watch.close()
+    (step,) = _steps(watch)
+    assert step["finite"]["forward"] is True  # the model's own output, not a copy's
+    assert step["finite"]["batch"] is False  # the batch the loader gave did hold NaN
+
+
+def test_a_compiled_model_is_watched_under_its_own_class_name(run_root: Path, socket_dir: Path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    compiled = cast(nn.Module, torch.compile(model, backend="eager"))  # eager: no C++ toolchain needed
+    optimizer = torch.optim.SGD(compiled.parameters(), lr=0.1)
+    watch = tuiwatch.Watch(compiled, optimizer, run_dir=run_root, system=False)
+    _train(watch, compiled, optimizer, 3)
+    watch.close()
+    assert watch.run_record["model"] == "Sequential"
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert all(s["finite"]["forward"] is True and s["grad_norm"] > 0 for s in steps)
