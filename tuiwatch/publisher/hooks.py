@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import sys
+import types
 import weakref
 from typing import Any
 
@@ -52,7 +53,9 @@ class ForwardHook:
     __slots__ = ("_target",)
 
     def __init__(self, target: Any = None):
-        self._target = weakref.WeakMethod(target) if target is not None else None
+        # A bound method (the usual) is held through its object; a plain function (a bench's timing wrapper) as is.
+        weak: Any = weakref.WeakMethod if isinstance(target, types.MethodType) else weakref.ref
+        self._target = weak(target) if target is not None else None
 
     def __call__(self, module: Any, args: Any, output: Any) -> None:
         target = self._target() if self._target is not None else None
