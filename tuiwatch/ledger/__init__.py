@@ -1,4 +1,4 @@
-"""Records, their JSON Lines codec, the ledger file and the wire protocol.
+"""Records, their fields, their JSON Lines codec and the ledger file (the wire protocol is tuiwatch.wire).
 
 Pure: no torch, no Textual. Both the publisher and the viewer build on this room.
 """
