@@ -194,9 +194,9 @@ def test_an_error_in_the_publisher_thread_degrades_but_never_reaches_training(
     assert len([r for r in ledger if r["kind"] == "step"]) == 6
     assert ledger[-1]["status"] == "degraded"
     assert "injected" in ledger[-1]["error"]
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "tuiwatch" in line]
-    assert len(warnings) == 1
-    assert "degraded" in warnings[0]
+    said = [line for line in capsys.readouterr().err.splitlines() if "tuiwatch" in line]
+    assert len(said) == 2  # the start line, then one warning for the whole episode
+    assert "degraded" in said[1]
 
 
 def test_a_full_buffer_drops_the_oldest_and_says_so(tmp_path: Path):
@@ -274,3 +274,32 @@ def test_unknown_rule_ids_are_refused_before_a_run_directory_exists(run_root: Pa
     with pytest.raises(ValueError, match="unknown rule ids"):
         Watch(model, opt, run_dir=run_root, rules=["grad-explode"])
     assert not run_root.exists()
+
+
+def test_a_watch_says_where_its_ledger_is_once_and_every_path_is_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sock").mkdir(mode=0o700)
+    monkeypatch.setenv("TUIWATCH_DIR", "sock")  # relative, as a user may write it
+    model, opt = _mlp()
+    with Watch(model, opt, name="abs", run_dir="runs", system=False) as watch:
+        for x, y in watch.batches(_data(2)):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            opt.step()
+    assert watch.ledger_path is not None
+    assert watch.socket_path is not None
+    for path in (watch.run_dir, watch.ledger_path, watch.socket_path):
+        assert path is not None
+        assert path.is_absolute()
+    assert watch.run_record["run_dir"] == str(tmp_path / "runs" / watch.ledger_path.parent.name)
+    assert watch.run_record["socket"] == str(tmp_path / "sock" / watch.socket_path.name)
+    assert capsys.readouterr().err.splitlines() == [
+        f"tuiwatch: abs: ledger {watch.ledger_path}; watch it with: tuiwatch attach abs"
+    ]
+    Watch(model, opt, run_dir=None, system=False, quiet=True).close()
+    monkeypatch.setenv("TUIWATCH_QUIET", "1")
+    Watch(model, opt, run_dir=None, system=False).close()
+    assert capsys.readouterr().err == ""

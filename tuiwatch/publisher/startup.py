@@ -53,7 +53,7 @@ class Listeners:
 def open_store(run_dir: str | Path | None, name: str) -> tuple[Path | None, LedgerStore]:
     if run_dir is None:
         return None, MemoryTail()
-    directory = new_run_dir(Path(run_dir), name)
+    directory = new_run_dir(Path(run_dir).absolute(), name)  # every path shown is absolute
     return directory, FileLedger(directory / LEDGER_NAME)
 
 

@@ -9,6 +9,8 @@ socket) opened by :func:`open_publishing` and started once those exist.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -28,7 +30,7 @@ from tuiwatch.publisher.hooks import ModelHooks, default_param_norm_every, defau
 from tuiwatch.publisher.loader import iter_with_ids
 from tuiwatch.publisher.measure import BatchInfo
 from tuiwatch.publisher.pending import EvalState
-from tuiwatch.publisher.run_record import default_name
+from tuiwatch.publisher.run_record import default_name, start_line
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
 from tuiwatch.publisher.steps import StepTracker, add_metrics
@@ -68,6 +70,7 @@ class Watch:
         viewer_stall_s: float = 5.0,
         stop: str = "flag",
         tcp: bool | str = False,
+        quiet: bool = False,
     ):
         _check_arguments(model, optimizer, on_nonfinite=on_nonfinite, stop=stop, every=every)
         tcp_address = tcp_option(tcp)  # a bad address is refused before anything is created
@@ -131,6 +134,8 @@ class Watch:
         )
         self._hooks.attach()
         publishing.start(self._commands.on_command, dumps.on_alert, viewer_stall_s=viewer_stall_s)
+        if not (quiet or os.environ.get("TUIWATCH_QUIET")):
+            print(start_line(self.name, self.ledger_path, self.socket_path), file=sys.stderr, flush=True)
         process.watches.add(self)
         process.install_hooks()
 

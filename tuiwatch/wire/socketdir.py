@@ -18,10 +18,11 @@ _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 def socket_dir() -> Path:
     """``$TUIWATCH_DIR``, else ``$XDG_RUNTIME_DIR/tuiwatch``, else ``/tmp/tuiwatch-<uid>``."""
+    # Absolute: the path is shown (ls, the run record) and must mean the same from any directory.
     if os.environ.get("TUIWATCH_DIR"):
-        return Path(os.environ["TUIWATCH_DIR"])
+        return Path(os.environ["TUIWATCH_DIR"]).absolute()
     if os.environ.get("XDG_RUNTIME_DIR"):
-        return Path(os.environ["XDG_RUNTIME_DIR"]) / "tuiwatch"
+        return Path(os.environ["XDG_RUNTIME_DIR"]).absolute() / "tuiwatch"
     return Path(f"/tmp/tuiwatch-{os.getuid()}")
 
 
