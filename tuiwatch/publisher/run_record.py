@@ -44,13 +44,13 @@ def new_run_dir(root: Path, name: str) -> Path:
             ) from None
 
 
-def start_line(name: str, ledger: Path | None, socket_path: Path | None) -> str:
-    """The one line a Watch prints at start (stderr): where the ledger is and how to watch the run."""
+def start_line(name: str, ledger: Path | None, socket_path: Path | None, socket_error: str | None) -> str:
+    """The one line a Watch prints at start (stderr): where the ledger is and how to watch the run, or why not."""
     where = f"ledger {ledger}" if ledger is not None else "no ledger file (run_dir=None)"
-    how = f"watch it with: tuiwatch attach {name}" if socket_path is not None else "no live socket"
-    if socket_path is None and ledger is not None:
-        how += f"; replay it with: tuiwatch replay {ledger.parent}"
-    return f"tuiwatch: {name}: {where}; {how}"
+    if socket_path is not None:
+        return f"tuiwatch: {name}: {where}; watch it with: tuiwatch attach {name}"
+    replay = f"; replay it with: tuiwatch replay {ledger.parent}" if ledger is not None else ""
+    return f"tuiwatch: no live socket for this run ({socket_error}); {name}: {where}{replay}"
 
 
 def rank_and_world() -> tuple[int, int]:

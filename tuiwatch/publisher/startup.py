@@ -66,8 +66,8 @@ def open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:
         found.unix, found.path = bind_private_socket(wanted), wanted
     except (TuiwatchError, OSError) as exc:
         found.error = str(exc) if isinstance(exc, TuiwatchError) else f"cannot listen: {exc}"
-        print(f"tuiwatch: no live socket for this run ({found.error}); the ledger is still written", file=sys.stderr)
-        return found  # TCP viewers get the same stream, so no Unix socket means no TCP either
+        # The Watch's start line says why. TCP viewers get the same stream: no Unix socket, no TCP either.
+        return found
     if tcp is not None:
         try:
             found.tcp = open_tcp_listener(*tcp, wanted.with_suffix(TCP_FILE_SUFFIX))

@@ -134,8 +134,11 @@ class Watch:
         )
         self._hooks.attach()
         publishing.start(self._commands.on_command, dumps.on_alert, viewer_stall_s=viewer_stall_s)
-        if not (quiet or os.environ.get("TUIWATCH_QUIET")):
-            print(start_line(self.name, self.ledger_path, self.socket_path), file=sys.stderr, flush=True)
+        socket_error = self.run_record["socket_error"]
+        if socket_error is not None or not (quiet or os.environ.get("TUIWATCH_QUIET")):
+            # Quiet silences the start line, never the reason a run has no socket.
+            line = start_line(self.name, self.ledger_path, self.socket_path, socket_error)
+            print(line, file=sys.stderr, flush=True)
         process.watches.add(self)
         process.install_hooks()
 
