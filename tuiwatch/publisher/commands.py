@@ -10,7 +10,6 @@ pause is a wait at the boundary that keeps serving commands.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tuiwatch.errors import StopRequested, TuiwatchError
@@ -31,13 +30,11 @@ class CommandRunner:
         dumps: DumpWriter,
         checkpoint_state: Callable[[], dict[str, Any]],
         *,
-        run_dir: Path | None,
         stop_mode: str,
     ):
         self.tracker = tracker
         self.dumps = dumps
         self.checkpoint_state = checkpoint_state
-        self.run_dir = run_dir
         self.stop_mode = stop_mode  # "flag": should_stop is set; "raise": StopRequested at the boundary
         self.queue = CommandQueue()
         self.paused = False
@@ -109,14 +106,14 @@ class CommandRunner:
         return reply
 
     def checkpoint(self) -> dict[str, Any]:
-        if self.run_dir is None:
+        if self.dumps.run_dir is None:
             raise CheckpointError(NO_RUN_DIR)
         steps = self.tracker.step
-        path, size = write_checkpoint(self.run_dir / "checkpoints", steps, self.checkpoint_state())
+        path, size = write_checkpoint(self.dumps.run_dir / "checkpoints", steps, self.checkpoint_state())
         return {"path": str(path), "bytes": size, "steps_done": steps}
 
     def _dump(self, reason: str) -> str:
-        if self.run_dir is None:
+        if self.dumps.run_dir is None:
             raise CommandRefused(NO_RUN_DIR)
         tracker = self.tracker
         fallback = max(tracker.step - 1, 0)

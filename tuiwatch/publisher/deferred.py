@@ -93,6 +93,11 @@ def device_mark() -> Any:
     return event
 
 
+def defer_tensor(value: Any) -> Any:
+    """A tensor deferred with :func:`defer`; a number (or None) as it is."""
+    return defer(value) if isinstance(value, torch.Tensor) else value
+
+
 def is_ready(value: Any) -> bool:
     return not isinstance(value, _PENDING) or value.ready()
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from tuiwatch.errors import NonFiniteError
-from tuiwatch.publisher.deferred import defer, resolve
+from tuiwatch.publisher.deferred import resolve
 from tuiwatch.publisher.dumps import DumpWriter
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.steps import StepTracker
@@ -27,7 +27,7 @@ OOM_SYNC_S = 5.0
 
 
 def _scalar(value: Any) -> float:
-    return float(resolve(defer(value) if isinstance(value, torch.Tensor) else value))
+    return float(resolve(value))  # a tensor is read with .item(): off the hot path, the run is stopping
 
 
 def first_failing_boundary(s: StepState) -> str:

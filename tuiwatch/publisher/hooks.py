@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tuiwatch.publisher import process
-from tuiwatch.publisher.deferred import defer
+from tuiwatch.publisher.deferred import defer, defer_tensor
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.measure import finiteness_probe, first_tensor, total_norm
 from tuiwatch.publisher.steps import StepTracker
@@ -64,10 +64,6 @@ class ForwardHook:
 
     def __reduce__(self) -> tuple[type[ForwardHook], tuple[()]]:
         return (ForwardHook, ())
-
-
-def _deferred(value: Any) -> Any:
-    return defer(value) if isinstance(value, torch.Tensor) else value
 
 
 class ModelHooks:
@@ -152,12 +148,12 @@ class ModelHooks:
             return
         params = self.params()
         if (tracker.opt_steps - 1) % self.param_norm_every == 0:
-            s.param_norm = _deferred(total_norm(params))
+            s.param_norm = defer_tensor(total_norm(params))
         before = self._before_update
         if before is not None:
             self._before_update = None
             with torch.no_grad():
-                s.update_norm = _deferred(total_norm(torch._foreach_sub(params, before)))
+                s.update_norm = defer_tensor(total_norm(torch._foreach_sub(params, before)))
 
     def after_forward(self, module: Any, args: Any, output: Any) -> None:
         if module is not self.model:

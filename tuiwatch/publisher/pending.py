@@ -73,7 +73,11 @@ class StepState:
         return all(is_ready(v) for v in self.deferred())
 
     def build(self) -> StepRecord:
-        metrics = {name: resolve(value) for name, value in self.metrics.items()}
+        t = self.t_end or time.time()
+        # On the line, the user's metrics come right after the step's identity.
+        line: dict[str, Any] = {"kind": "step", "t": t, "step": self.step, "epoch": self.epoch}
+        for name, value in self.metrics.items():
+            line[name] = resolve(value)
         grad_norm = resolve(self.grad_norm)
         batch = self.batch
         batch_size = batch.size if batch is not None else None
@@ -86,13 +90,13 @@ class StepState:
         finite: Finite = {
             "batch": True if batch is not None and batch_probe is None else _is_finite(batch_probe),
             "forward": _is_finite(forward_probe),
-            "loss": _is_finite(metrics.get("loss")),
+            "loss": _is_finite(line.get("loss")),
             "grad": _is_finite(grad_norm),
             "param": _is_finite(param_norm),
         }
         record: StepRecord = {
             "kind": "step",
-            "t": self.t_end or time.time(),
+            "t": t,
             "step": self.step,
             "epoch": self.epoch,
             "lr": resolve(self.lr),
@@ -123,9 +127,6 @@ class StepState:
             record["oom"] = self.oom
         if self.classes is not None:
             record["classes"] = self.classes
-        # On the line, the user's metrics come right after the step's identity.
-        line: dict[str, Any] = {"kind": "step", "t": record["t"], "step": self.step, "epoch": self.epoch}
-        line.update(metrics)
         line.update(record)
         return cast(StepRecord, line)
 
@@ -142,9 +143,10 @@ class EvalState:
         return all(is_ready(v) for v in self.metrics.values())
 
     def build(self) -> Record:
+        t = self.t_end or time.time()
         record: dict[str, Any] = {
             "kind": "eval",
-            "t": self.t_end or time.time(),
+            "t": t,
             "step": self.step,
             "epoch": self.epoch,
         }

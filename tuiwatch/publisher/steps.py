@@ -15,7 +15,7 @@ import torch
 
 from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
 from tuiwatch.publisher.background.pipeline import Pipeline
-from tuiwatch.publisher.deferred import PendingDuration, defer, device_mark
+from tuiwatch.publisher.deferred import PendingDuration, defer, defer_tensor, device_mark
 from tuiwatch.publisher.dumps import KeptBatch, RecentBatches
 from tuiwatch.publisher.pending import DeviceMemory, EvalState, StepState
 
@@ -85,8 +85,7 @@ class StepTracker:
             )
             torch.cuda.reset_peak_memory_stats(index)
         # Still a tensor only when clipped through watch.clip_grad_norm_ without an optimizer step.
-        if isinstance(s.grad_norm, torch.Tensor):
-            s.grad_norm = defer(s.grad_norm)
+        s.grad_norm = defer_tensor(s.grad_norm)
         self.pipeline.put(s)
 
     def last_step_number(self) -> int | None:

@@ -121,7 +121,7 @@ class Watch:
         self._pipeline = publishing.pipeline
         self._tracker = tracker = StepTracker(self._pipeline, model, self.device, every)
         dumps = DumpWriter(self.run_dir, self.seed, tracker.recent)
-        self._commands = CommandRunner(tracker, dumps, self.checkpoint_state, run_dir=self.run_dir, stop_mode=stop)
+        self._commands = CommandRunner(tracker, dumps, self.checkpoint_state, stop_mode=stop)
         self._failures = Failures(tracker, dumps, model, on_nonfinite=on_nonfinite, close=self.close)
         self._hooks = ModelHooks(
             tracker,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuiwatch.errors import UnsafeSocketDirError
+from tuiwatch.wire.protocol import connect
 
 SOCKET_SUFFIX = ".sock"
 TCP_FILE_SUFFIX = ".tcp"  # the token file of a run that also listens on TCP
@@ -110,8 +111,6 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_sockets(directory: Path) -> list[SocketEntry]:
     """Remove sockets whose process is gone or that nothing listens on; return the live ones."""
-    from tuiwatch.wire.protocol import connect
-
     live = []
     for entry in list_sockets(directory):
         stale = not _pid_alive(entry.pid)
