@@ -49,8 +49,16 @@ def test_bad_arguments_are_refused_with_one_line(run_root: Path, socket_dir: Pat
     with Watch(model, opt, run_dir=run_root) as watch:
         with pytest.raises(ValueError, match=r"close\(reason=\.\.\.\) must be one of"):
             watch.close("done")
-        with pytest.raises(ValueError, match="'lr' is a field tuiwatch records itself"):
+        with pytest.raises(ValueError, match="lr is read from the optimizer's param groups"):
             watch.log(lr=0.1)
+        with pytest.raises(ValueError, match="'grad_norm' is a field tuiwatch records itself"):
+            watch.log(grad_norm=0.1)
+        with pytest.raises(ValueError, match="step_per must be 'batch' or 'optimizer'"):
+            Watch(model, opt, run_dir=run_root, step_per="micro")
+        with pytest.raises(ValueError, match=r"log\(epoch=\.\.\.\) needs an integer >= 0, got 1.5"):
+            watch.log(epoch=1.5)
+        with pytest.raises(TypeError, match=r"step\(ids=\.\.\.\) needs a sequence of integers, got float"):
+            watch.step(ids=1.5)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"needs a scalar, got a tensor of shape \[2\]"):
             watch.log(loss=torch.ones(2))
         with pytest.raises(TypeError, match="needs a number or a scalar tensor, got str"):

@@ -71,6 +71,25 @@ async def test_replay_shows_command_keys_disabled_and_sends_nothing():
         assert app.state.pending == {}
 
 
+async def test_a_run_counted_per_optimizer_step_without_measured_wait_says_so(tmp_path: Path):
+    records: list[dict[str, Any]] = [{"kind": "run", "t": 1.0, "name": "accum", "run_id": "x", "step_per": "optimizer"}]
+    for step in range(5):
+        records.append(
+            {"kind": "step", "t": 2.0 + step, "step": step, "loss": 1.0 / (step + 1), "lr": [0.1], "micro_batches": 4}
+            | {"data_wait_s": None, "compute_s": 0.25, "opt_step": step + 1}
+        )
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.step == 4)
+        await drawn(pilot)
+        assert "all optimizer steps" in plain(app.query_one(TrainingPane)).splitlines()[0]
+        timing = plain(app.query_one(TimingPane)).splitlines()
+        assert timing[0] == "wait not measured  compute 250.0ms"
+        assert "step 250.0ms" in timing[1]
+
+
 @pytest.mark.integration
 async def test_stop_from_the_viewer_ends_the_run_with_reason_stopped(tmp_path: Path, socket_dir: Path):
     run = start_training(tmp_path, socket_dir, "--steps", "100000", "--step-sleep", "0.005")

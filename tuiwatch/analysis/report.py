@@ -48,8 +48,11 @@ def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
                 final_loss = loss
                 if math.isfinite(loss) and (best_loss is None or loss < best_loss):
                     best_loss, best_step = loss, _alert_key(r)[1]
-            wait += finite(r.get("data_wait_s")) or 0.0
-            compute += finite(r.get("compute_s")) or 0.0
+            step_wait, step_compute = finite(r.get("data_wait_s")), finite(r.get("compute_s"))
+            if step_wait is not None and step_compute is not None:
+                # Only steps where the wait was measured: a loop without batches()/fetching() has none.
+                wait += step_wait
+                compute += step_compute
             peak = num(r.get("mem_peak"))
             if peak is not None:
                 peak_mem = max(peak_mem or 0, peak)
@@ -98,6 +101,12 @@ def _alert_key(r: Record) -> tuple[str, int | None]:
     return str(r.get("rule")), integer(r.get("step"))
 
 
+def _share_text(share: float | None, steps: int) -> str:
+    if share is not None:
+        return f"{share:.1%} of step time"
+    return "not measured (no watch.batches() or watch.fetching() in the loop)" if steps else "-"
+
+
 def as_text(summary: dict[str, Any]) -> str:
     share = summary["data_wait_share"]
     best_step = summary["best_step"]
@@ -108,7 +117,7 @@ def as_text(summary: dict[str, Any]) -> str:
         f"steps      {summary['steps']} in {duration(summary['duration_s'])}, {summary['evals']} evals",
         f"loss       final {number(summary['final_loss'])}, best {number(summary['best_loss'])}"
         f" at step {'-' if best_step is None else best_step}",
-        f"data wait  {'-' if share is None else f'{share:.1%}'} of step time",
+        f"data wait  {_share_text(share, summary['steps'])}",
         f"memory     peak allocated {size(summary['peak_mem_bytes'])}, peak RSS {size(summary['peak_rss_bytes'])}",
         f"nonfinite  {summary['nonfinite_steps']} steps",
     ]

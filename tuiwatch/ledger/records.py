@@ -52,6 +52,7 @@ class RunRecord(TypedDict):
     update_norm_every: int
     param_norm_every: int
     on_nonfinite: str
+    step_per: str  # "batch" or "optimizer": what one step is
 
 
 class Finite(TypedDict):
@@ -91,6 +92,8 @@ class StepRecord(_StepFields, total=False):
     opt_skipped: bool
     oom: dict[str, Any]
     classes: int
+    micro_batches: int  # step_per="optimizer": the batches folded into this optimizer step
+    scale: float  # the GradScaler's loss scale at the step's end
 
 
 class SystemRecord(TypedDict, total=False):
@@ -216,7 +219,7 @@ SYSTEM_FIELDS = ("cpu_percent", "rss", "workers", "gpus")
 END_REASONS = ("finished", "stopped", "nonfinite", "exception", "killed")
 
 # Fields a step record carries only when they apply (docs/ledger.md).
-STEP_OPTIONAL_FIELDS = ("opt_skipped", "oom", "classes")
+STEP_OPTIONAL_FIELDS = ("opt_skipped", "oom", "classes", "micro_batches", "scale")
 
 # Names a user cannot log as metrics: they would shadow what tuiwatch measures.
 RESERVED_METRIC_NAMES = frozenset(("kind", "t", *STEP_FIELDS, *STEP_OPTIONAL_FIELDS))

@@ -234,7 +234,7 @@ class DumpWriter:
     def on_alert(self, found: AlertRecord, records: list[Record]) -> str | None:
         """Publisher thread: the dump an alert calls for, written; its path, or None if it calls for none."""
         reason, step = found["rule"], found["step"]
-        if reason not in DUMP_REASONS or self.run_dir is None or step is None:
+        if reason not in DUMP_REASONS or found["severity"] == "info" or self.run_dir is None or step is None:
             return None
         kept = self.recent.find(step)
         batch, ids = (kept.batch, kept.ids) if kept is not None else (None, None)

@@ -6,7 +6,12 @@
   update norm is sampled;
 - optimizer step post-hook: lr per group, the parameter and update norms;
 - forward hook on the root module: the output's finiteness probe, the class
-  count, and an OOM raised inside the forward.
+  count, the model's mode during a validation block, and an OOM raised
+  inside the forward;
+- without an optimizer (a loop that updates the weights by hand), the step
+  boundaries stand in for the optimizer hooks: a step that ends with
+  gradients counts as an update, and the gradient, parameter and update
+  norms are read from the model then.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from tuiwatch.publisher import process
 from tuiwatch.publisher.deferred import defer, defer_tensor
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.measure import finiteness_probe, first_tensor, total_norm
+from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.steps import StepTracker
 
 
@@ -94,6 +100,9 @@ class ModelHooks:
         if self.optimizer is not None:
             self._handles.append(self.optimizer.register_step_pre_hook(self.before_optimizer_step))
             self._handles.append(self.optimizer.register_step_post_hook(self.after_optimizer_step))
+        else:
+            self.tracker.on_open = self.at_step_open
+            self.tracker.on_end = self.at_step_end
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
         self._handles.append(self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True))
 
@@ -101,6 +110,7 @@ class ModelHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.tracker.on_open = self.tracker.on_end = None
 
     def params(self) -> list[torch.Tensor]:
         """The model's parameters: what the gradient, parameter and update norms measure.
@@ -155,6 +165,33 @@ class ModelHooks:
             with torch.no_grad():
                 s.update_norm = defer_tensor(total_norm(torch._foreach_sub(params, before)))
 
+    def at_step_open(self, s: StepState) -> None:
+        """No optimizer: keep the weights the update norm compares with, on the steps that sample it."""
+        tracker = self.tracker
+        if tracker.measured(s) and tracker.opt_steps % self.update_norm_every == 0:
+            with torch.no_grad():
+                self._before_update = list(torch._foreach_mul(self.params(), 1.0))
+
+    def at_step_end(self, s: StepState) -> None:
+        """No optimizer: a step that ends with gradients was an update; its norms are read from the model now."""
+        before, self._before_update = self._before_update, None
+        params = self.params()
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return  # no backward in this step (or the loop zeroed the gradients to None before the boundary)
+        tracker = self.tracker
+        tracker.opt_steps += 1
+        s.opt_step = tracker.opt_steps
+        if not tracker.measured(s):
+            return
+        if s.grad_norm is None:  # watch.clip_grad_norm_ gives the pre-clip norm; this one is after any clipping
+            s.grad_norm = total_norm(grads)
+        if (tracker.opt_steps - 1) % self.param_norm_every == 0:
+            s.param_norm = defer_tensor(total_norm(params))
+        if before is not None and len(before) == len(params):
+            with torch.no_grad():
+                s.update_norm = defer_tensor(total_norm(torch._foreach_sub(params, before)))
+
     def after_forward(self, module: Any, args: Any, output: Any) -> None:
         if module is not self.model:
             return  # a shallow copy of the model shares its hook table: its forwards are not this run's
@@ -164,8 +201,14 @@ class ModelHooks:
                 self.failures.record_oom(failure)
             return
         tracker = self.tracker
+        evaluation = tracker.eval
+        if evaluation is not None:
+            # The mode the model evaluates in, not the one it is left in when the block logs.
+            evaluation.forwards += 1
+            evaluation.training = bool(evaluation.training) or module.training
+            return
         s = tracker.cur
-        if s is None or tracker.eval is not None or s.forward_probe is not None or not tracker.measured(s):
+        if s is None or s.forward_probe is not None or not tracker.measured(s):
             return
         out = first_tensor(output)
         if out is not None and out.is_floating_point():

@@ -83,7 +83,9 @@ class BatchInfo:
                 probe = value if probe is None else probe + value
         self.finite_probe: Any = None if probe is None else defer(probe)
         self.tokens: Any = None
-        if isinstance(batch, Mapping):
-            mask = batch.get("attention_mask")
-            if isinstance(mask, torch.Tensor):
-                self.tokens = defer(mask.sum())
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        if isinstance(mask, torch.Tensor):
+            self.tokens = defer(mask.sum())
+        elif first is not None and first.dim() >= 2 and not first.is_floating_point() and not first.is_complex():
+            # Token ids first ((batch, time) integers, as a language model's batch starts): no mask, no padding.
+            self.tokens = first.numel()

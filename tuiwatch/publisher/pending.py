@@ -53,24 +53,31 @@ class StepState:
     oom: dict[str, Any] | None = None
     classes: int | None = None
     step_forced = False  # recorded although ``every`` would skip it (an OOM)
+    micro_batches = 1
+    inner_wait = 0.0  # data wait of micro-batches folded in after the step began
+    scale: Any = None  # the GradScaler's scale at the step's end
     t_end = 0.0
 
     def __init__(self, step: int, started: float):
         self.step = step
         self.started = started
         self.metrics: dict[str, Any] = {}
+        self.folded: list[BatchInfo] = []  # step_per="optimizer": the micro-batches after the first
 
     def deferred(self) -> list[Any]:
-        values = [self.compute_s, self.grad_norm, self.param_norm, self.update_norm, self.forward_probe]
+        values = [self.compute_s, self.grad_norm, self.param_norm, self.update_norm, self.forward_probe, self.scale]
         values += self.metrics.values()
-        if self.batch is not None:
-            values += [self.batch.finite_probe, self.batch.tokens]
+        for batch in self.batches():
+            values += [batch.finite_probe, batch.tokens]
         if self.lr:
             values += self.lr
         return values
 
     def ready(self) -> bool:
         return all(is_ready(v) for v in self.deferred())
+
+    def batches(self) -> list[BatchInfo]:
+        return [] if self.batch is None else [self.batch, *self.folded] if self.folded else [self.batch]
 
     def build(self) -> StepRecord:
         t = self.t_end or time.time()
@@ -80,12 +87,11 @@ class StepState:
             line[name] = resolve(value)
         grad_norm = resolve(self.grad_norm)
         batch = self.batch
-        batch_size = batch.size if batch is not None else None
+        batch_size, tokens, batch_probe = _batch_totals(self.batches())
         compute_s = resolve(self.compute_s)
         total_s = (self.data_wait_s or 0.0) + (compute_s or 0.0)
         mem = self.mem
         forward_probe = resolve(self.forward_probe)
-        batch_probe = resolve(batch.finite_probe) if batch is not None else None
         param_norm = resolve(self.param_norm)
         finite: Finite = {
             "batch": True if batch is not None and batch_probe is None else _is_finite(batch_probe),
@@ -111,7 +117,7 @@ class StepState:
             "opt_step": self.opt_step,
             "batch_ids": self.batch_ids,
             "batch_shape": batch.shape if batch is not None else None,
-            "tokens": resolve(batch.tokens) if batch is not None else None,
+            "tokens": tokens,
             "data_wait_s": self.data_wait_s,
             "compute_s": compute_s,
             "examples_per_s": batch_size / total_s if batch_size and total_s > 0 else None,
@@ -127,8 +133,29 @@ class StepState:
             record["oom"] = self.oom
         if self.classes is not None:
             record["classes"] = self.classes
+        if self.micro_batches > 1:
+            record["micro_batches"] = self.micro_batches
+        if self.scale is not None:
+            record["scale"] = resolve(self.scale)
         line.update(record)
         return cast(StepRecord, line)
+
+
+def _batch_totals(batches: list[BatchInfo]) -> tuple[int | None, int | None, Any]:
+    """Examples, tokens and the finiteness probe of a step's batches (several when micro-batches fold)."""
+    if not batches:
+        return None, None, None
+    if len(batches) == 1:
+        b = batches[0]
+        return b.size, resolve(b.tokens), resolve(b.finite_probe)
+    sizes = [b.size for b in batches]
+    tokens = [resolve(b.tokens) for b in batches]
+    probes = [p for p in (resolve(b.finite_probe) for b in batches) if p is not None]
+    return (
+        None if None in sizes else sum(cast(list[int], sizes)),
+        None if None in tokens else int(sum(tokens)),
+        None if not probes else 0.0 if all(math.isfinite(p) for p in probes) else math.nan,
+    )
 
 
 class EvalState:
@@ -137,6 +164,7 @@ class EvalState:
         self.epoch = epoch
         self.metrics: dict[str, Any] = {}
         self.training: bool | None = None
+        self.forwards = 0  # forwards of the model inside the block: they tell its mode
         self.t_end = 0.0
 
     def ready(self) -> bool:

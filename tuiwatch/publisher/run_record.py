@@ -86,6 +86,7 @@ def make_run_record(
     update_norm_every: int,
     param_norm_every: int,
     on_nonfinite: str,
+    step_per: str,
     run_dir: Path | None,
     socket_path: Path | None,
     socket_error: str | None,
@@ -124,4 +125,5 @@ def make_run_record(
         "update_norm_every": update_norm_every,
         "param_norm_every": param_norm_every,
         "on_nonfinite": on_nonfinite,
+        "step_per": step_per,
     }

@@ -9,6 +9,7 @@ recorded (``every``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,14 +18,19 @@ from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.deferred import PendingDuration, defer, defer_tensor, device_mark
 from tuiwatch.publisher.dumps import KeptBatch, RecentBatches
+from tuiwatch.publisher.measure import BatchInfo
 from tuiwatch.publisher.pending import DeviceMemory, EvalState, StepState
 
 
 class StepTracker:
-    def __init__(self, pipeline: Pipeline, model: torch.nn.Module, device: torch.device, every: int):
+    def __init__(
+        self, pipeline: Pipeline, model: torch.nn.Module, device: torch.device, every: int, *, per_optimizer: bool
+    ):
         self.pipeline = pipeline
         self.model = model
         self.every = every
+        self.per_optimizer = per_optimizer  # step_per="optimizer": micro-batches fold into the optimizer's step
+        self.scaler: Any = None  # a GradScaler: its scale at each step's end tells a skipped step
         self.cuda_index = device.index if device.type == "cuda" else None
         self.off = False  # closed, or a forked child: nothing is recorded any more
         self.step = 0  # steps opened so far: the number the next step gets
@@ -36,23 +42,65 @@ class StepTracker:
         self.last_boundary = time.perf_counter()
         self.last_batch: KeptBatch | None = None  # what a dump on request saves
         self.recent = RecentBatches()
+        # watch.fetching(): time spent fetching since the last boundary is the data wait of the
+        # next step (the batch fetched), and not compute of the step it ran in.
+        self.fetch_s: float | None = None
+        self.next_wait: float | None = None
+        # Without an optimizer to hook, the model's norms are read at the boundaries (hooks.py).
+        self.on_open: Callable[[StepState], None] | None = None
+        self.on_end: Callable[[StepState], None] | None = None
+
+    def fetched(self, seconds: float) -> None:
+        self.fetch_s = (self.fetch_s or 0.0) + seconds
 
     def measured(self, s: StepState) -> bool:
         """Whether ``s`` is one of the steps ``every`` records."""
         return s.step % self.every == 0
 
-    def open(self, start: float, *, at_boundary: bool = False) -> StepState:
+    def open(self, start: float, *, at_boundary: bool = False, data_wait_s: float | None = None) -> StepState:
         s = StepState(self.step, start)
         if at_boundary and self.cuda_index is not None and not s.step % self.every:
             s.device_start = device_mark()
+        wait, self.next_wait = self.next_wait, None
+        if wait is not None or data_wait_s is not None:
+            s.data_wait_s = (wait or 0.0) + (data_wait_s or 0.0)
         self.step += 1
         self.cur = s
         self.last_boundary = start
+        if self.on_open is not None:
+            self.on_open(s)
         return s
 
     def current(self) -> StepState:
         """The open step; a loop that logs before its first boundary gets one opened for it."""
         return self.cur or self.open(self.last_boundary)
+
+    def folding(self) -> bool:
+        """Whether the next batch belongs to the open step: counting per optimizer step, before it stepped."""
+        s = self.cur
+        return self.per_optimizer and s is not None and s.opt_step is None and not s.opt_skipped
+
+    def add_batch(self, s: StepState, batch: Any, ids: list[int] | None) -> None:
+        s.batch_ids = ids
+        if self.measured(s):
+            s.batch = BatchInfo(batch)
+        self.keep_batch(s, batch, ids)
+
+    def fold(self, batch: Any, ids: list[int] | None, wait: float | None) -> None:
+        """One more micro-batch into the open step: its ids, shape, tokens and data wait are added."""
+        s = self.current()
+        s.micro_batches += 1
+        if wait is not None:
+            s.data_wait_s = (s.data_wait_s or 0.0) + wait
+            s.inner_wait += wait  # inside the step's span: not compute
+        s.batch_ids = s.batch_ids + ids if s.batch_ids is not None and ids is not None else None
+        if self.measured(s):
+            info = BatchInfo(batch)
+            if s.batch is None:
+                s.batch = info
+            else:
+                s.folded.append(info)
+        self.keep_batch(s, batch, ids)
 
     def keep_batch(self, s: StepState, batch: Any, ids: list[int] | None) -> None:
         kept = KeptBatch(s.step, batch, ids, s.batch.nbytes if s.batch is not None else 0)
@@ -62,16 +110,21 @@ class StepTracker:
 
     def end(self, now: float) -> None:
         """Close the open step, if any, and put it in the pipeline's buffer (the one thing done at a boundary)."""
+        fetched, self.fetch_s = self.fetch_s, None
+        if fetched is not None:
+            self.next_wait = (self.next_wait or 0.0) + fetched
         s = self.cur
         if s is None:
             return
         self.cur = None
         self.last_boundary = now
+        if self.on_end is not None:
+            self.on_end(s)
         if s.step % self.every and not s.step_forced:
             return
         if s.batch is None and not s.metrics and s.grad_norm is None and s.opt_step is None:
             return  # an empty step (a boundary with nothing in it) is not a step
-        s.compute_s = now - s.started
+        s.compute_s = now - s.started - (fetched or 0.0) - s.inner_wait
         if s.device_start is not None:
             s.compute_s = PendingDuration(s.device_start, device_mark(), s.compute_s)
         s.training = self.model.training
@@ -86,6 +139,9 @@ class StepTracker:
             torch.cuda.reset_peak_memory_stats(index)
         # Still a tensor only when clipped through watch.clip_grad_norm_ without an optimizer step.
         s.grad_norm = defer_tensor(s.grad_norm)
+        scale = getattr(self.scaler, "_scale", None)  # the tensor itself: get_scale() would sync on CUDA
+        if isinstance(scale, torch.Tensor):
+            s.scale = defer(scale)
         self.pipeline.put(s)
 
     def last_step_number(self) -> int | None:

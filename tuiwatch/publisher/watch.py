@@ -24,12 +24,12 @@ from tuiwatch.ledger.records import END_REASONS
 from tuiwatch.publisher import process, resume
 from tuiwatch.publisher.checkpoints import Checkpoint
 from tuiwatch.publisher.commands import CommandRunner
+from tuiwatch.publisher.deferred import defer
 from tuiwatch.publisher.dumps import DumpWriter
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.hooks import ModelHooks, default_param_norm_every, default_update_norm_every
 from tuiwatch.publisher.loader import iter_with_ids
-from tuiwatch.publisher.measure import BatchInfo
-from tuiwatch.publisher.pending import EvalState
+from tuiwatch.publisher.pending import EvalState, StepState
 from tuiwatch.publisher.run_record import default_name, start_line
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
@@ -39,6 +39,7 @@ from tuiwatch.wire.tcp import tcp_option
 
 T = TypeVar("T")
 ON_NONFINITE = ("stop", "skip", "warn")
+STEP_PER = ("batch", "optimizer")
 STOP_MODES = ("flag", "raise")
 
 
@@ -71,8 +72,9 @@ class Watch:
         stop: str = "flag",
         tcp: bool | str = False,
         quiet: bool = False,
+        step_per: str = "batch",
     ):
-        _check_arguments(model, optimizer, on_nonfinite=on_nonfinite, stop=stop, every=every)
+        _check_arguments(model, optimizer, on_nonfinite=on_nonfinite, stop=stop, every=every, step_per=step_per)
         tcp_address = tcp_option(tcp)  # a bad address is refused before anything is created
         diagnosis = Diagnosis(rules)  # raises for an unknown rule id, before anything is created
         self.model = model
@@ -111,6 +113,7 @@ class Watch:
                 "update_norm_every": self.update_norm_every,
                 "param_norm_every": self.param_norm_every,
                 "on_nonfinite": on_nonfinite,
+                "step_per": step_per,
             },
         )
         self.run_record = publishing.run_record
@@ -119,7 +122,10 @@ class Watch:
         self.socket_path = publishing.socket_path
         self.tcp_address = publishing.tcp_address
         self._pipeline = publishing.pipeline
-        self._tracker = tracker = StepTracker(self._pipeline, model, self.device, every)
+        self._tracker = tracker = StepTracker(
+            self._pipeline, model, self.device, every, per_optimizer=step_per == "optimizer"
+        )
+        tracker.scaler = scaler
         dumps = DumpWriter(self.run_dir, self.seed, tracker.recent)
         self._commands = CommandRunner(tracker, dumps, self.checkpoint_state, stop_mode=stop)
         self._failures = Failures(tracker, dumps, model, on_nonfinite=on_nonfinite, close=self.close)
@@ -145,7 +151,11 @@ class Watch:
     # --- the loop -------------------------------------------------------------------
 
     def batches(self, loader: Iterable[T]) -> Iterator[T]:
-        """Iterate over ``loader``, one step per batch: times the wait, records ids and shapes."""
+        """Iterate over ``loader``, one step per batch: times the wait, records ids and shapes.
+
+        With ``step_per="optimizer"``, the batches up to the one after which
+        the optimizer steps make one step (gradient accumulation).
+        """
         tracker, commands = self._tracker, self._commands
         tracker.epoch += 1
         epoch = tracker.epoch
@@ -161,10 +171,12 @@ class Watch:
         try:
             while True:
                 t0 = clock()
-                tracker.end(t0)
-                if commands.pending():
-                    commands.at_boundary()
-                    t0 = clock()  # a pause or a checkpoint is neither data wait nor compute
+                folding = tracker.folding()
+                if not folding:
+                    tracker.end(t0)
+                    if commands.pending():
+                        commands.at_boundary()
+                        t0 = clock()  # a pause or a checkpoint is neither data wait nor compute
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -175,39 +187,84 @@ class Watch:
                 if tracker.off:
                     yield batch
                     continue
-                s = tracker.open(t1, at_boundary=True)
-                s.epoch = epoch
-                s.data_wait_s = t1 - t0
-                s.batch_ids = ids
-                if tracker.measured(s):
-                    s.batch = BatchInfo(batch)
-                tracker.keep_batch(s, batch, ids)
+                if folding:
+                    tracker.fold(batch, ids, t1 - t0)
+                else:
+                    s = tracker.open(t1, at_boundary=True, data_wait_s=t1 - t0)
+                    s.epoch = epoch
+                    tracker.add_batch(s, batch, ids)
                 yield batch
         finally:
             tracker.end(clock())
 
-    def step(self) -> None:
-        """Mark a step boundary in a loop that does not draw from :meth:`batches`."""
+    def step(self, batch: Any = None, *, ids: Iterable[int] | torch.Tensor | None = None) -> None:
+        """Mark a step boundary in a loop that does not draw from :meth:`batches`.
+
+        ``batch`` (and the sample ``ids`` in it, if the loop knows them) is the
+        batch this step trains on, fetched since the last boundary: its shapes
+        and token count are recorded as for :meth:`batches`. Time spent in
+        :meth:`fetching` blocks since the last boundary is this step's data wait.
+        """
         tracker = self._tracker
         now = time.perf_counter()
+        batch_ids = _sample_ids(ids)
+        if tracker.folding():
+            if batch is not None and not tracker.off:
+                tracker.fold(batch, batch_ids, None)
+            return
         tracker.end(now)
         if self._commands.pending():
             self._commands.at_boundary()
             now = time.perf_counter()
         if not tracker.off:
-            tracker.open(now, at_boundary=True).epoch = max(tracker.epoch, 0)
+            s = tracker.open(now, at_boundary=True)
+            s.epoch = max(tracker.epoch, 0)
+            if batch is not None:
+                tracker.add_batch(s, batch, batch_ids)
+
+    @contextmanager
+    def fetching(self) -> Iterator[None]:
+        """Time a batch fetch (``x, y = get_batch()``) as data wait, in a loop without :meth:`batches`.
+
+        The time goes to the next step boundary's step (the step that trains
+        on what was fetched) and is not counted as compute of the step it ran in.
+        """
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._tracker.fetched(time.perf_counter() - t0)
 
     def log(self, **metrics: Any) -> None:
-        """Record scalars for this step (or this validation); tensors stay on their device."""
+        """Record scalars for this step (or this validation); tensors stay on their device.
+
+        ``epoch=`` sets the epoch (a loop without :meth:`batches`), and
+        ``lr=`` the learning rate of a loop that updates without an optimizer
+        (with one, tuiwatch reads the lr from its param groups).
+        """
         tracker = self._tracker
         if tracker.off:
             return
+        epoch = metrics.pop("epoch", None)
+        lr = metrics.pop("lr", None)
+        target: EvalState | StepState
         if tracker.eval is not None:
-            target = tracker.eval.metrics
-            tracker.eval.training = bool(tracker.eval.training) or self.model.training
+            target = tracker.eval
+            if not target.forwards:
+                # No forward of the model ran inside the block yet: judge its mode now.
+                target.training = bool(target.training) or self.model.training
         else:
-            target = tracker.current().metrics
-        add_metrics(target, metrics)
+            target = tracker.current()
+        if epoch is not None:
+            target.epoch = tracker.epoch = _epoch(epoch)
+        if lr is not None:
+            if self.optimizer is not None:
+                raise ValueError(
+                    "tuiwatch: lr is read from the optimizer's param groups; log(lr=...) is for loops without one"
+                )
+            if tracker.eval is None:
+                tracker.current().lr = _learning_rates(lr)
+        add_metrics(target.metrics, metrics)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, **kwargs: Any) -> torch.Tensor:
         """``torch.nn.utils.clip_grad_norm_`` over the optimizer's parameters; records the pre-clip norm."""
@@ -229,7 +286,7 @@ class Watch:
         finally:
             tracker.eval = None
             if state.training is None:
-                state.training = self.model.training
+                state.training = self.model.training  # neither a forward nor a log inside the block
             state.t_end = time.time()
             if state.metrics and not tracker.off:
                 self._pipeline.put(state)
@@ -317,7 +374,7 @@ class Watch:
         self._pipeline.abandon_after_fork()
 
 
-def _check_arguments(model: Any, optimizer: Any, *, on_nonfinite: str, stop: str, every: Any) -> None:
+def _check_arguments(model: Any, optimizer: Any, *, on_nonfinite: str, stop: str, every: Any, step_per: str) -> None:
     """One line for the first bad argument, before anything is created."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"tuiwatch.Watch needs a torch.nn.Module as model, got {type(model).__name__}")
@@ -327,5 +384,42 @@ def _check_arguments(model: Any, optimizer: Any, *, on_nonfinite: str, stop: str
         raise ValueError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
     if stop not in STOP_MODES:
         raise ValueError(f"stop must be 'flag' (watch.should_stop) or 'raise' (StopRequested), got {stop!r}")
+    if step_per not in STEP_PER:
+        raise ValueError(f"step_per must be 'batch' or 'optimizer' (one step per optimizer step), got {step_per!r}")
+    if step_per == "optimizer" and optimizer is None:
+        raise ValueError("step_per='optimizer' needs the optimizer: Watch(model, optimizer, step_per='optimizer')")
     if not isinstance(every, int) or every < 1:
         raise ValueError(f"every must be an integer >= 1, got {every!r}")
+
+
+def _sample_ids(ids: Any) -> list[int] | None:
+    """``watch.step(ids=...)``: the sample ids of the batch as a list of ints, from a sequence or a CPU tensor."""
+    if ids is None:
+        return None
+    if isinstance(ids, torch.Tensor):
+        if ids.device.type != "cpu":
+            raise ValueError("tuiwatch: step(ids=...) needs the ids on the CPU (reading a device tensor would sync)")
+        return [int(i) for i in ids.reshape(-1).tolist()]
+    try:
+        return [int(i) for i in ids]
+    except (TypeError, ValueError):
+        raise TypeError(f"tuiwatch: step(ids=...) needs a sequence of integers, got {type(ids).__name__}") from None
+
+
+def _epoch(value: Any) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = int(value.item())
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"tuiwatch: log(epoch=...) needs an integer >= 0, got {value!r}")
+    return value
+
+
+def _learning_rates(value: Any) -> list[Any]:
+    """``log(lr=...)``: one learning rate, or one per parameter group."""
+    values = list(value) if isinstance(value, list | tuple) else [value]
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise TypeError(f"tuiwatch: log(lr=...) needs a number (or one per group), got {type(v).__name__}")
+    return [defer(v) if isinstance(v, torch.Tensor) else float(v) for v in values]

@@ -2,14 +2,58 @@
 
 from __future__ import annotations
 
+from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.records import FINITE_BOUNDARIES, AlertRecord, Record, alert_record
 from tuiwatch.rules.base import Rule
 
 
 class NonFinite(Rule):
-    """The first NaN or inf, named by the first boundary of data → model → loss → gradients → parameters."""
+    """The first NaN or inf, named by the first boundary of data → model → loss → gradients → parameters.
+
+    Under a GradScaler (the step record has a ``scale``), gradients that
+    overflow at the loss scale while the loss is finite are how the scaler
+    works: it skips that optimizer step and lowers the scale. Each such skip
+    is an ``info`` alert with the scale change, not an episode. It stays
+    critical when the scale has fallen below 1 (the gradients are not finite
+    even unscaled) and whenever the batch, forward, loss or parameters fail.
+    """
 
     id = "nonfinite"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last_scale: float | None = None
+
+    def observe(self, record: Record) -> AlertRecord | None:
+        skipped = self._scaler_skip(record)
+        scale = num(record.get("scale"))
+        if scale is not None:
+            self.last_scale = scale
+        if skipped is not None and not self.active:
+            return skipped
+        return super().observe(record)
+
+    def _scaler_skip(self, record: Record) -> AlertRecord | None:
+        """The info alert for a step the GradScaler skipped as designed, or None."""
+        finite = record.get("finite")
+        scale = num(record.get("scale"))
+        if scale is None or not isinstance(finite, dict) or record.get("opt_step") is not None:
+            return None
+        failed = [b for b in FINITE_BOUNDARIES if finite.get(b) is False]
+        before = self.last_scale
+        # Unmeasured gradients (no unscale_ + clip): the scale falling on a step without an update says it.
+        fell = not failed and finite.get("grad") is None and before is not None and scale < before
+        if not (failed == ["grad"] or fell) or scale < 1:
+            return None
+        change = f"scale {before:g} -> {scale:g}" if before is not None and before != scale else f"scale {scale:g}"
+        return alert_record(
+            self.id,
+            "info",
+            record.get("step"),
+            f"GradScaler skipped step {record.get('step')}: gradients overflowed at the loss scale ({change})",
+            {"boundary": "grad", "scaler_skip": True, "scale_before": before, "scale": scale},
+            "nothing, if skips are rare; many in a row mean the gradients are not finite even unscaled",
+        )
 
     def check(self, record: Record) -> AlertRecord | None:
         finite = record.get("finite")

@@ -63,6 +63,7 @@ class TrainingView:
     grad_norm_clipped: bool
     grad_norm: Chart
     others: tuple[tuple[str, float | None], ...]  # further user metrics and their current values
+    step_unit: str = "steps"  # what the x axis counts: "optimizer steps" when micro-batches fold
 
 
 @dataclass(frozen=True)
@@ -74,9 +75,9 @@ class TimingView:
 
     @property
     def step_s(self) -> float | None:
-        if self.data_wait_s is None or self.compute_s is None:
+        if self.compute_s is None:
             return None
-        return self.data_wait_s + self.compute_s
+        return (self.data_wait_s or 0.0) + self.compute_s  # a loop that measures no wait has none to add
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,7 @@ def training_view(state: RunState, window: int | None) -> TrainingView:
         grad_norm_clipped=step.get("grad_norm_clipped") is True,
         grad_norm=Chart((Line.of(state.grad_norm, "grad"),), window, log=True),
         others=tuple((n, state.metrics[n].current) for n in others),
+        step_unit="optimizer steps" if state.run.get("step_per") == "optimizer" else "steps",
     )
 
 

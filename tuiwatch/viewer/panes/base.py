@@ -12,8 +12,8 @@ from tuiwatch.viewer.views import Chart
 WINDOWS: tuple[int | None, ...] = (None, 1000, 100)
 
 
-def window_label(window: int | None) -> str:
-    return "all steps" if window is None else f"last {window:,} steps"
+def window_label(window: int | None, unit: str = "steps") -> str:
+    return f"all {unit}" if window is None else f"last {window:,} {unit}"
 
 
 class Pane(Widget, can_focus=True):

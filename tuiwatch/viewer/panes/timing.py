@@ -33,7 +33,7 @@ class TimingPane(Pane):
         rows = [
             Text.assemble(
                 ("wait ", self.style_of("wait")),
-                seconds_short(wait),
+                "not measured" if wait is None and compute is not None else seconds_short(wait),
                 ("  compute ", self.style_of("compute")),
                 seconds_short(compute),
                 no_wrap=True,

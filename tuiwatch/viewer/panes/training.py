@@ -44,7 +44,7 @@ class TrainingPane(Pane):
         if v.eval_name is not None:
             title.append(f"   {safe(v.eval_name, 24)} ", style=self.style_of("eval"))
             title.append(number(v.eval_value))
-        title.append(f"   {window_label(v.loss.window)}", style=dim)
+        title.append(f"   {window_label(v.loss.window, v.step_unit)}", style=dim)
         rows = [title, *self.draw(v.loss, width, chart_h)]
         rows.append(Text.assemble(("lr (log) ", self.style_of("lr-title")), number(v.lr_value)))
         rows += self.draw(v.lr, width, chart_h)

@@ -1,0 +1,298 @@
+"""Loops written the way public training scripts write them (issue 14): each in its script's style, on CPU.
+
+- a char-LM ``get_batch`` loop with a prefetched batch (nanoGPT's shape);
+- a hand-written SGD update on an LSTM with no optimizer object (word_language_model's);
+- gradient accumulation counted per optimizer step;
+- an eval function that switches to eval mode and back before the metrics are logged;
+- a GradScaler loop whose scaled gradients overflow on purpose.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tuiwatch.analysis.report import as_text, summarize
+from tuiwatch.ledger.records import Record
+from tuiwatch.publisher.watch import Watch
+
+from ..helpers import records
+
+TEXT = "the quick brown fox jumps over the lazy dog. " * 40
+
+
+def _steps(watch: Watch) -> list[Record]:
+    assert watch.ledger_path is not None
+    return [r for r in records(watch.ledger_path) if r["kind"] == "step"]
+
+
+def _alerts(watch: Watch) -> list[Record]:
+    assert watch.ledger_path is not None
+    return [r for r in records(watch.ledger_path) if r["kind"] == "alert"]
+
+
+class CharModel(nn.Module):
+    def __init__(self, vocab: int, dim: int = 16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        logits = self.head(self.embed(idx))
+        loss = None if targets is None else nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
+def test_get_batch_loop_records_the_batch_it_is_given_and_the_fetch_as_data_wait(run_root: Path):
+    chars = sorted(set(TEXT))
+    data = torch.tensor([chars.index(c) for c in TEXT])
+    block, batch_size = 8, 4
+    g = torch.Generator().manual_seed(0)
+
+    def get_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ix = torch.randint(len(data) - block, (batch_size,), generator=g)
+        x = torch.stack([data[i : i + block] for i in ix])
+        y = torch.stack([data[i + 1 : i + 1 + block] for i in ix])
+        return x, y, ix
+
+    torch.manual_seed(0)
+    model = CharModel(len(chars))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    fetched: list[list[int]] = []
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        with watch.fetching():
+            X, Y, ix = get_batch()  # the prefetch before the loop, as nanoGPT does
+        for _ in range(6):
+            watch.step(batch=(X, Y), ids=ix)
+            fetched.append(ix.tolist())
+            _, loss = model(X, Y)
+            watch.log(loss=loss)
+            with watch.fetching():
+                X, Y, ix = get_batch()  # the next batch, fetched while this step runs
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    steps = _steps(watch)
+    assert [r["batch_ids"] for r in steps] == fetched
+    assert all(r["batch_shape"] == [[batch_size, block], [batch_size, block]] for r in steps)
+    assert all(r["tokens"] == batch_size * block for r in steps)
+    # Each step's wait is its batch's fetch: measured (not 0 by default), and never counted as compute.
+    assert all(r["data_wait_s"] is not None and r["data_wait_s"] > 0 for r in steps)
+    assert all(r["compute_s"] is not None and r["compute_s"] > 0 for r in steps)
+    assert all(r["examples_per_s"] is not None for r in steps)
+
+
+def test_a_loop_that_measures_no_wait_says_not_measured(run_root: Path):
+    torch.manual_seed(0)
+    model = CharModel(5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(3):
+            watch.step()
+            _, loss = model(torch.randint(0, 5, (2, 4)), torch.randint(0, 5, (2, 4)))
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+    steps = _steps(watch)
+    assert [r["data_wait_s"] for r in steps] == [None, None, None]
+    assert watch.ledger_path is not None
+    text = as_text(summarize(records(watch.ledger_path)))
+    assert "data wait  not measured (no watch.batches() or watch.fetching() in the loop)" in text
+
+
+class WordLSTM(nn.Module):
+    def __init__(self, vocab: int = 12, dim: int = 8):
+        super().__init__()
+        self.encoder = nn.Embedding(vocab, dim)
+        self.rnn = nn.LSTM(dim, dim)
+        self.decoder = nn.Linear(dim, vocab)
+
+    def forward(self, x: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor]):
+        out, hidden = self.rnn(self.encoder(x), hidden)
+        return self.decoder(out), hidden
+
+
+def test_hand_written_sgd_reports_lr_and_epoch_and_gets_norms_from_the_model(run_root: Path):
+    torch.manual_seed(0)
+    model = WordLSTM()
+    corpus = torch.randint(0, 12, (61, 2))  # (tokens, batch): word_language_model's batchify layout
+    bptt, clip = 6, 0.25
+    lr = 20.0
+    epochs: list[int] = []
+    with Watch(model, run_dir=run_root, system=False, quiet=True, update_norm_every=2) as watch:
+        for epoch in range(1, 3):
+            hidden = (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+            for i in range(0, corpus.size(0) - 1, bptt):
+                watch.step()
+                n = min(bptt, len(corpus) - 1 - i)
+                data, targets = corpus[i : i + n], corpus[i + 1 : i + 1 + n]
+                model.zero_grad()
+                hidden = (hidden[0].detach(), hidden[1].detach())
+                output, hidden = model(data, hidden)
+                loss = nn.functional.cross_entropy(output.view(-1, 12), targets.reshape(-1))
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-lr)  # type: ignore[arg-type]
+                watch.log(loss=loss, lr=lr, epoch=epoch)
+                epochs.append(epoch)
+            lr /= 4.0
+    steps = _steps(watch)
+    assert [r["epoch"] for r in steps] == epochs
+    assert [r["lr"] for r in steps] == [[20.0]] * 10 + [[5.0]] * 10
+    assert [r["opt_step"] for r in steps] == list(range(1, 21))
+    # Read at the boundary, after the loop's own clipping: the clipped norm, never above the clip.
+    assert all(0 < r["grad_norm"] <= clip + 1e-6 for r in steps)
+    assert all(r["param_norm"] is not None and r["param_norm"] > 0 for r in steps)
+    sampled = [r["update_norm"] for r in steps if r["update_norm"] is not None]
+    assert len(sampled) == 10  # every 2nd update
+    assert all(u > 0 for u in sampled)  # and the weights moved
+    assert not [a for a in _alerts(watch) if a["severity"] != "info"]
+
+
+def test_accumulation_counted_per_optimizer_step_folds_the_micro_batches(run_root: Path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    dataset = torch.utils.data.TensorDataset(torch.randn(64, 3, generator=g), torch.randint(0, 2, (64,), generator=g))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, shuffle=True, generator=g)
+    accum = 4
+    seen: list[int] = []
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, step_per="optimizer") as watch:
+        for i, (x, y) in enumerate(watch.batches(loader)):
+            seen.append(len(x))
+            loss = nn.functional.cross_entropy(model(x), y) / accum
+            watch.log(loss=loss)
+            loss.backward()
+            if (i + 1) % accum == 0:
+                watch.clip_grad_norm_(1.0)
+                optimizer.step()
+                optimizer.zero_grad()
+    assert watch.ledger_path is not None
+    run = records(watch.ledger_path)[0]
+    assert run["step_per"] == "optimizer"
+    steps = _steps(watch)
+    assert len(steps) == 32 // accum
+    assert [r["opt_step"] for r in steps] == list(range(1, 9))
+    assert all(r["micro_batches"] == accum for r in steps)
+    assert all(r["lr"] == [0.05] and r["grad_norm"] is not None for r in steps)
+    ids = [i for r in steps for i in r["batch_ids"]]
+    assert sorted(ids) == list(range(64))  # every sample of the epoch, once, in the steps that trained on it
+    assert all(len(r["batch_ids"]) == accum * 2 for r in steps)
+    assert all(r["examples_per_s"] is not None and r["data_wait_s"] > 0 for r in steps)
+    assert all(r["batch_shape"] == [[2, 3], [2]] for r in steps)  # each micro-batch's shape
+
+
+def test_accumulation_by_step_calls_folds_too(run_root: Path):
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, step_per="optimizer") as watch:
+        for i in range(12):
+            x = torch.randn(2, 3)
+            watch.step(batch=(x,), ids=[2 * i, 2 * i + 1])
+            model(x).sum().backward()
+            if (i + 1) % 3 == 0:
+                optimizer.step()
+                optimizer.zero_grad()
+    steps = _steps(watch)
+    assert [r["micro_batches"] for r in steps] == [3, 3, 3, 3]
+    assert steps[1]["batch_ids"] == [6, 7, 8, 9, 10, 11]
+
+
+def _estimate_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """nanoGPT's estimate_loss: eval mode for the forwards, train mode restored before returning."""
+    model.eval()
+    with torch.no_grad():
+        loss = nn.functional.cross_entropy(model(x), y)
+    model.train()
+    return loss
+
+
+def test_validation_judges_the_mode_of_the_forwards_not_of_the_log(run_root: Path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.1), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for step in range(6):
+            watch.step()
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step % 2 == 1:
+                with watch.validation():
+                    val = _estimate_loss(model, x, y)
+                    watch.log(val_loss=val)  # model.training is True again here
+        with watch.validation():  # the bug eval-mode exists for: forwards in train mode
+            watch.log(val_loss=nn.functional.cross_entropy(model(x), y))
+    assert watch.ledger_path is not None
+    evals = [r for r in records(watch.ledger_path) if r["kind"] == "eval"]
+    assert [r["training"] for r in evals] == [False, False, False, True]
+    fired = [a for a in _alerts(watch) if a["rule"] == "eval-mode" and a["severity"] != "info"]
+    assert [a["step"] for a in fired] == [5]
+
+
+def test_gradscaler_skips_are_info_with_the_scale_change_and_no_dump(run_root: Path):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    overflow = {2, 5}
+    with Watch(model, optimizer, scaler=scaler, run_dir=run_root, system=False, quiet=True) as watch:
+        for i in range(8):
+            watch.step()
+            loss = nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 2, (4,)))
+            if i in overflow:
+                loss = loss * 1e36  # finite, but not once scaled: what an fp16 overflow looks like
+            watch.log(loss=loss)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            watch.clip_grad_norm_(1.0)
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    steps = _steps(watch)
+    assert [r["step"] for r in steps if r["opt_step"] is None] == sorted(overflow)
+    assert [r["scale"] for r in steps] == [65536.0] * 2 + [32768.0] * 3 + [16384.0] * 3
+    alerts = _alerts(watch)
+    assert [(a["rule"], a["severity"], a["step"]) for a in alerts] == [("nonfinite", "info", s) for s in (2, 5)]
+    assert "scale 65536 -> 32768" in alerts[0]["message"]
+    assert alerts[0]["evidence"]["scaler_skip"] is True
+    assert watch.run_dir is not None
+    assert not (watch.run_dir / "dumps").exists()
+
+
+def test_under_a_scaler_a_nonfinite_loss_stays_critical(run_root: Path):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    with Watch(model, optimizer, scaler=scaler, run_dir=run_root, system=False, quiet=True) as watch:
+        for i in range(3):
+            watch.step()
+            loss = nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 2, (4,)))
+            if i == 1:
+                loss = loss * math.inf
+            watch.log(loss=loss)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad()
+    fired = [(a["rule"], a["severity"], a["step"]) for a in _alerts(watch) if a["severity"] != "info"]
+    assert fired == [("nonfinite", "critical", 1)]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
