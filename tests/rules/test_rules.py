@@ -208,8 +208,47 @@ def test_memory_growth_fires_on_steady_growth_not_on_growth_that_plateaus():
     assert alerts[0]["evidence"]["series"] == "rss"
     plateau = [system(i, 500 * mib + 40 * mib * min(i, 12)) for i in range(60)]
     assert fired(plateau, "memory-growth") == []
-    cuda = [step(i, mem_allocated=100 * mib + 4 * mib * i) for i in range(40)]
-    assert fired(cuda, "memory-growth")[0][:2] == ("memory-growth", 24)
+    cuda = [step(i, mem_allocated=100 * mib + 1 * mib * i) for i in range(600)]
+    assert fired(cuda, "memory-growth")[0][:2] == ("memory-growth", 400)  # 200 steps in the last half
+
+
+def _rss_run(rss_at: Any, steps: int, samples_per_step: float = 0.5) -> list[dict[str, Any]]:
+    """Step records with a system sample every 1/samples_per_step steps: RSS as a function of the step."""
+    out: list[dict[str, Any]] = []
+    due = 0.0
+    for i in range(steps):
+        out.append(step(i))
+        due += samples_per_step
+        while due >= 1:
+            due -= 1
+            out.append(system(i, rss_at(i)))
+    return out
+
+
+def test_memory_growth_tells_steady_growth_from_a_step_change():
+    mib = 1 << 20
+    rng = __import__("random").Random(3)
+
+    def noise() -> float:
+        return rng.uniform(-3, 3) * mib
+
+    # An eval pass at step 300: twenty samples while no step runs, RSS 409 → 525 MiB, and it stays there.
+    healthy: list[dict[str, Any]] = []
+    for r in _rss_run(lambda i: 409 * mib + noise(), 300):
+        healthy.append(r)
+    healthy += [system(300, 409 * mib + (525 - 409) * mib * k / 20 + noise()) for k in range(20)]
+    healthy += [r for r in _rss_run(lambda i: 525 * mib + noise(), 600)[300:]]
+    assert fired(healthy, "memory-growth") == []
+    # The allocator and caches warming up: fast growth that slows to a plateau.
+    warming = _rss_run(lambda i: 300 * mib + 200 * mib * (1 - 0.99**i) + noise(), 1000)
+    assert fired(warming, "memory-growth") == []
+    # A leak of 0.25 MB a step on a loaded machine: few steps between samples, noise; named with its steps.
+    leak = _rss_run(lambda i: 400 * mib + 0.25 * mib * i + noise(), 1000, samples_per_step=0.25)
+    alerts = [a for a in Diagnosis(["memory-growth"]).run(leak) if a["severity"] == "warning"]
+    assert len(alerts) == 1
+    assert "grows with every step" in alerts[0]["message"]
+    assert "watch.log(loss=loss) keeps nothing" in alerts[0]["next_check"]
+    assert alerts[0]["evidence"]["to_step"] - alerts[0]["evidence"]["from_step"] >= 70
 
 
 def test_oom_fires_from_the_step_that_failed():

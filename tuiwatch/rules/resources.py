@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from itertools import pairwise
 
 from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
@@ -13,72 +14,118 @@ MiB = 1 << 20
 
 
 class MemoryGrowth(Rule):
-    """Memory grows steadily: allocated device memory per step on CUDA, the process RSS on the CPU.
+    """Memory grows steadily over training steps: allocated device memory on CUDA, the process RSS on the CPU.
 
-    Each series (step ``mem_allocated``, system ``rss``) keeps its last
-    ``window`` samples after skipping ``grace`` start-up samples. Fires when
-    the window's thirds have rising medians, the last third is above the first
-    by at least ``min_growth`` (fraction) and ``min_bytes``, and the last third
-    still grows over the middle by a third of that: memory that grows and then
-    plateaus does not fire. Clears when the window stops growing.
+    Leaks grow with every step; healthy runs grow in steps (an eval pass, the
+    allocator warming up, a cache filling) and then stay. So each series
+    (step ``mem_allocated``, system ``rss``) is indexed by training step, not
+    by time: samples taken while no step ran (an eval pass, a checkpoint) fold
+    into one point, the latest. The window is the last half of the run (of
+    the last ``history`` points): at least ``window`` points over at least
+    ``min_steps`` steps, after ``grace`` start-up points. Split into quarters,
+    it fires when every quarter's median is above the previous one by about
+    even amounts (the smallest rise at least a third of the largest and at
+    least ``need / 6``), the last quarter at least ``need`` above the first,
+    where ``need`` = max(``min_growth`` × the first quarter, ``min_bytes``).
+    A step change raises one quarter and no other; growth that slows to a
+    plateau raises the first quarters most. Clears when that stops.
     """
 
     id = "memory-growth"
     kinds = ("step", "system")
 
-    def __init__(self, window: int = 20, grace: int = 5, min_growth: float = 0.05, min_bytes: int = 32 * MiB):
+    def __init__(
+        self,
+        window: int = 16,
+        min_steps: int = 200,
+        grace: int = 5,
+        min_growth: float = 0.05,
+        min_bytes: int = 32 * MiB,
+        history: int = 256,
+    ):
         super().__init__()
-        self.window, self.grace, self.min_growth, self.min_bytes = window, grace, min_growth, min_bytes
-        self.series: dict[str, deque[float]] = {}
+        self.window, self.min_steps, self.grace = window, min_steps, grace
+        self.min_growth, self.min_bytes = min_growth, min_bytes
+        self.history = history
+        self.series: dict[str, deque[tuple[int | None, float]]] = {}
         self.seen: dict[str, int] = {}
         self.step: int | None = None
 
-    def _growth(self, record: Record) -> tuple[str, float, float] | None:
-        """(series, first-third median, last-third median) when this record completes a growing window."""
+    def _add(self, record: Record) -> str | None:
+        """Add this record's sample to its series; the series' name, or None if the record has none."""
         if record.get("kind") == "step":
-            self.step = record.get("step")
+            step = record.get("step")
+            self.step = step if isinstance(step, int) else self.step
             name, value = "mem_allocated", num(record.get("mem_allocated"))
         else:
             name, value = "rss", num(record.get("rss"))
         if value is None:
             return None
+        points = self.series.setdefault(name, deque(maxlen=self.history))
+        if points and self.step is not None and points[-1][0] == self.step:
+            points[-1] = (self.step, value)  # no training step since the last sample: the same point
+            return name
         self.seen[name] = self.seen.get(name, 0) + 1
         if self.seen[name] <= self.grace:
             return None
-        values = self.series.setdefault(name, deque(maxlen=self.window))
-        values.append(value)
-        if len(values) < self.window:
+        points.append((self.step, value))
+        return name
+
+    def _recent(self, name: str) -> list[tuple[int | None, float]] | None:
+        """The last half of the run's points, if it is long enough to judge."""
+        points = list(self.series.get(name, ()))
+        last = points[-1][0] if points else None
+        if last is None:
+            recent = points[-self.window :]  # no step known (a ledger of system records only): by sample
+            return recent if len(recent) == self.window else None
+        recent = [(s, v) for s, v in points if s is not None and s >= last / 2]
+        first = recent[0][0] if recent else None
+        if len(recent) < self.window or first is None or last - first < self.min_steps:
             return None
-        third = self.window // 3
-        ordered = list(values)
-        first, middle, last = (statistics.median(ordered[i * third : (i + 1) * third]) for i in range(3))
-        grown = last - first
-        need = max(self.min_growth * first, self.min_bytes)
-        if first < middle < last and grown >= need and last - middle >= need / 3:
-            return name, first, last
+        return recent
+
+    def _growth(self, name: str) -> tuple[float, float, list[int]] | None:
+        """(first-quarter median, last-quarter median, the steps) when the series grows steadily."""
+        recent = self._recent(name)
+        if recent is None:
+            return None
+        values = [v for _, v in recent]
+        n = len(values)
+        medians = [statistics.median(values[i * n // 4 : (i + 1) * n // 4]) for i in range(4)]
+        rises = [b - a for a, b in pairwise(medians)]
+        need = max(self.min_growth * medians[0], self.min_bytes)
+        steady = min(rises) >= max(need / 6, max(rises) / 3)
+        if steady and medians[-1] - medians[0] >= need:
+            return medians[0], medians[-1], [s for s, _ in recent if s is not None]
         return None
 
     def check(self, record: Record) -> AlertRecord | None:
-        found = self._growth(record)
-        if found is None:
+        name = self._add(record)
+        found = None if name is None else self._growth(name)
+        if name is None or found is None:
             return None
-        name, first, last = found
+        first, last, steps = found
+        span = f" over steps {steps[0]}-{steps[-1]}" if steps else f" over the last {self.window} samples"
         what = "allocated device memory" if name == "mem_allocated" else "process RSS"
         return alert_record(
             self.id,
             "warning",
             self.step,
-            f"{what} keeps growing: {first / MiB:,.0f} → {last / MiB:,.0f} MiB over the last {self.window} samples",
-            {"series": name, "from_bytes": first, "to_bytes": last, "samples": self.window},
-            "something keeps tensors alive across steps: log loss.item() or loss.detach(), not loss; "
-            "look for lists or dicts that grow",
+            f"{what} grows with every step: {first / MiB:,.0f} → {last / MiB:,.0f} MiB{span}",
+            {
+                "series": name,
+                "from_bytes": first,
+                "to_bytes": last,
+                "from_step": steps[0] if steps else None,
+                "to_step": steps[-1] if steps else None,
+            },
+            "something keeps tensors alive from step to step: a list or dict that grows (append loss.item(), "
+            "not loss), backward(retain_graph=True); watch.log(loss=loss) keeps nothing",
         )
 
     def clears(self, record: Record) -> bool:
-        name = "mem_allocated" if record.get("kind") == "step" else "rss"
-        if num(record.get(name)) is None:
-            return False
-        return self._growth(record) is None and len(self.series.get(name, ())) == self.window
+        name = self._add(record)
+        return name is not None and self._recent(name) is not None and self._growth(name) is None
 
 
 class Oom(Rule):
