@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -227,15 +228,13 @@ def _rss_run(rss_at: Any, steps: int, samples_per_step: float = 0.5) -> list[dic
 
 def test_memory_growth_tells_steady_growth_from_a_step_change():
     mib = 1 << 20
-    rng = __import__("random").Random(3)
+    rng = random.Random(3)
 
     def noise() -> float:
         return rng.uniform(-3, 3) * mib
 
     # An eval pass at step 300: twenty samples while no step runs, RSS 409 → 525 MiB, and it stays there.
-    healthy: list[dict[str, Any]] = []
-    for r in _rss_run(lambda i: 409 * mib + noise(), 300):
-        healthy.append(r)
+    healthy = _rss_run(lambda i: 409 * mib + noise(), 300)
     healthy += [system(300, 409 * mib + (525 - 409) * mib * k / 20 + noise()) for k in range(20)]
     healthy += [r for r in _rss_run(lambda i: 525 * mib + noise(), 600)[300:]]
     assert fired(healthy, "memory-growth") == []
