@@ -7,17 +7,43 @@ from collections.abc import Iterable
 from typing import Any
 
 from tuiwatch.analysis.format import duration, number, safe, size
+from tuiwatch.ledger.chain import RunChain
 from tuiwatch.ledger.fields import finite, integer, num
 from tuiwatch.ledger.records import Record
 from tuiwatch.rules import Diagnosis
 
 
-def summarize(records: Iterable[Record], skipped: int = 0) -> dict[str, Any]:
-    """The summary of a run; alerts are those in the ledger plus those the rules find on replay."""
+def summarize(records: Iterable[Record], skipped: int = 0, chain: RunChain | None = None) -> dict[str, Any]:
+    """The summary of a run; alerts are those in the ledger plus those the rules find on replay.
+
+    Given the ``chain`` of a resumed run (``read_run``), ``records`` are its
+    records, earlier parts included, and the summary says where it resumed.
+    """
     records = list(records)
     recorded = {_alert_key(r) for r in records if r.get("kind") == "alert"}
     replayed = [a for a in Diagnosis().run(records) if _alert_key(a) not in recorded]
-    return _summarize([*records, *replayed], skipped)
+    summary = _summarize([*records, *replayed], skipped)
+    summary["resumed"] = [] if chain is None else _resumes(chain)
+    return summary
+
+
+def _resumes(chain: RunChain) -> list[dict[str, Any]]:
+    """Each resume of the chain, oldest first: the step, the checkpoint, and whether the earlier part was read."""
+    found = len(chain.parts) - 1  # the newest `found` links have their earlier part in the report
+    out = []
+    for i, link in enumerate(reversed(chain.links)):
+        missing = i < len(chain.links) - found
+        out.append(
+            {
+                "step": integer(link.get("step")),
+                "checkpoint": link.get("checkpoint"),
+                "name": link.get("name"),
+                "ledger": link.get("ledger"),
+                "earlier_part": None if missing else link.get("ledger"),
+                "missing": chain.missing if missing else None,
+            }
+        )
+    return out
 
 
 def _summarize(records: Iterable[Record], skipped: int) -> dict[str, Any]:
@@ -129,6 +155,12 @@ def as_text(summary: dict[str, Any]) -> str:
             )
     else:
         lines.append("alerts     none")
+    for resumed in summary.get("resumed", ()):
+        where = f"resumed    at step {resumed['step']} from {safe(str(resumed['checkpoint']))}"
+        if resumed["missing"] is None:
+            lines.append(f"{where}; the steps before it are from {safe(str(resumed['ledger']))}")
+        else:
+            lines.append(f"{where}; the steps before it are not here ({safe(str(resumed['missing']))})")
     if summary["missing_records"]:
         lines.append(f"missing    {summary['missing_records']} records the disk could not take (see the gap records)")
     if summary["skipped_lines"]:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from tuiwatch.analysis.diff import FIELDS, first_difference
+from tuiwatch.analysis.diff import FIELDS, as_text, compare
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.reader import read_ledger
 
@@ -16,9 +16,10 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "diff",
         help="the first step and field where two runs differ",
-        description="Align two ledgers by step and compare batch ids, loss, grad norm, lr and param norm; print "
-        "the first difference and what it points to. Exit 0 when identical within tolerance, 1 when they "
-        "differ, 2 on bad input.",
+        description="Compare two runs: their setup (command line, seed, versions, device, model) first, then "
+        "batch ids, loss, grad norm, lr and param norm on the steps both have; print the first difference and "
+        "what it points to. Exit 0 when the common steps agree within tolerance, 1 when they differ or there "
+        "are none, 2 on bad input.",
     )
     p.add_argument("a", metavar="A", help="a ledger.jsonl or run directory")
     p.add_argument("b", metavar="B", help="another")
@@ -48,12 +49,9 @@ def run(args: argparse.Namespace) -> int:
             )
             return 2
     a, b = ledgers
-    found = first_difference(a, b, rtol=args.rtol, atol=args.atol, fields=fields)
+    found = compare(a, b, rtol=args.rtol, atol=args.atol, fields=fields)
     if args.json:
-        print(json.dumps({"identical": found is None, "difference": found.as_dict() if found else None}))
-    elif found is None:
-        print(f"identical: {len([r for r in a if r.get('kind') == 'step'])} steps agree on {', '.join(fields)}")
+        print(json.dumps(found.as_dict()))
     else:
-        print(f"first difference at step {found.step}, field {found.field}: A={found.a!r} B={found.b!r}")
-        print(f"  → {found.meaning}")
-    return 0 if found is None else 1
+        print(as_text(found, fields))
+    return 0 if found.identical else 1

@@ -13,7 +13,8 @@ def add_parser(sub: Any) -> None:
         "report",
         help="print a summary of a run",
         description="Summarise a ledger (a ledger.jsonl file or a run directory): steps, duration, "
-        "final and best loss, alerts by rule, data-wait share, peak memory.",
+        "final and best loss, alerts by rule, data-wait share, peak memory. A run resumed from a checkpoint "
+        "is reported from its first step, through the ledgers it resumed from.",
     )
     p.add_argument("path", help="ledger.jsonl or a run directory")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -22,11 +23,10 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tuiwatch.analysis.report import as_text, summarize
-    from tuiwatch.ledger.reader import read_ledger
+    from tuiwatch.ledger.chain import read_run
 
-    reader = read_ledger(args.path)
-    records = list(reader)
-    summary = summarize(records, reader.skipped)
+    chain = read_run(args.path)  # a resumed run is reported as one run, from its first step
+    summary = summarize(chain.records, chain.skipped, chain)
     if args.json:
         print(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
     else:

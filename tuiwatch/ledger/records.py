@@ -53,6 +53,7 @@ class RunRecord(TypedDict):
     param_norm_every: int
     on_nonfinite: str
     step_per: str  # "batch" or "optimizer": what one step is
+    resumed_from: dict[str, Any] | None  # Watch(resume_from=...): the checkpoint and the run that wrote it
 
 
 class Finite(TypedDict):

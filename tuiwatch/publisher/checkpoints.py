@@ -55,6 +55,10 @@ class Checkpoint:
     rng: dict[str, Any]
     epoch_rng: dict[str, Any] | None
     versions: dict[str, Any]
+    name: str | None = None
+    run_id: str | None = None
+    ledger: str | None = None  # the ledger of the run that wrote it: a resumed run links to it
+    extra: Any = None  # what the loop put in ``watch.extra_state``
 
 
 def rng_states() -> dict[str, Any]:
@@ -136,6 +140,10 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         rng=data["rng"],
         epoch_rng=data.get("epoch_rng"),
         versions=data.get("versions", {}),
+        name=data.get("name"),
+        run_id=data.get("run_id"),
+        ledger=data.get("ledger"),
+        extra=data.get("extra"),
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tuiwatch.errors import TuiwatchError
-from tuiwatch.publisher.checkpoints import FORMAT, Checkpoint, load_checkpoint, restore_rng, rng_states
+from tuiwatch.publisher.checkpoints import FORMAT, Checkpoint, CheckpointError, restore_rng, rng_states
 from tuiwatch.publisher.environment import versions
 from tuiwatch.publisher.loader import IndexRecorder
 from tuiwatch.publisher.steps import StepTracker
@@ -48,13 +48,59 @@ def restore_epoch_rng(saved: dict[str, Any], loader: Any) -> None:
         generator.set_state(saved["loader_generator"])
 
 
+# What torch.load(weights_only=True) reads back: a checkpoint holding anything else could not be resumed from.
+_PLAIN = (type(None), bool, int, float, str, bytes, torch.Tensor)
+
+
+def extra_state(value: Any) -> Any:
+    """``watch.extra_state`` (plain data, or a callable returning it) as it goes into a checkpoint."""
+    state = value() if callable(value) else value
+    bad = _not_plain(state)
+    if bad is not None:
+        raise CheckpointError(
+            f"watch.extra_state holds a {bad}: a checkpoint keeps numbers, strings, lists, dicts and tensors"
+        )
+    return state
+
+
+def _not_plain(value: Any) -> str | None:
+    if isinstance(value, _PLAIN):
+        return None
+    if isinstance(value, list | tuple):
+        return next((bad for v in value if (bad := _not_plain(v)) is not None), None)
+    if isinstance(value, dict):
+        return next((bad for kv in value.items() for v in kv if (bad := _not_plain(v)) is not None), None)
+    return type(value).__name__
+
+
+def link(ckpt: Checkpoint) -> dict[str, Any]:
+    """The run record's ``resumed_from``: the checkpoint, its step, and the run (and ledger) that wrote it."""
+    return {
+        "checkpoint": str(ckpt.path.resolve()),
+        "step": ckpt.step,
+        "opt_steps": ckpt.opt_steps,
+        "name": ckpt.name,
+        "run_id": ckpt.run_id,
+        "ledger": ckpt.ledger,
+    }
+
+
 def checkpoint_state(
-    parts: Trainables, tracker: StepTracker, *, name: str, run_id: str, epoch_rng: dict[str, Any] | None
+    parts: Trainables,
+    tracker: StepTracker,
+    *,
+    name: str,
+    run_id: str,
+    ledger: Path | None,
+    epoch_rng: dict[str, Any] | None,
+    extra: Any,
 ) -> dict[str, Any]:
     return {
         "tuiwatch_checkpoint": FORMAT,
         "name": name,
         "run_id": run_id,
+        "ledger": None if ledger is None else str(ledger),
+        "extra": extra_state(extra),
         "step": tracker.step,
         "epoch": max(tracker.epoch, 0),
         "batch_index": tracker.batch_index,
@@ -69,18 +115,25 @@ def checkpoint_state(
     }
 
 
-def restore(path: str | Path, parts: Trainables, tracker: StepTracker) -> Checkpoint:
-    """Load the checkpoint into ``parts``, the RNGs and the step counts."""
-    ckpt = load_checkpoint(path)
-    parts.model.load_state_dict(ckpt.model)
-    pairs: list[tuple[str, Any, dict[str, Any] | None]] = [
+def _pairs(ckpt: Checkpoint, parts: Trainables) -> list[tuple[str, Any, dict[str, Any] | None]]:
+    return [
         ("optimizer", parts.optimizer, ckpt.optimizer),
         ("scheduler", parts.scheduler, ckpt.scheduler),
         ("scaler", parts.scaler, ckpt.scaler),
     ]
-    for name, target, saved in pairs:
+
+
+def check_parts(ckpt: Checkpoint, parts: Trainables) -> None:
+    """Refuse, before anything is loaded, a checkpoint with a state the Watch has nothing to load into."""
+    for name, target, saved in _pairs(ckpt, parts):
         if saved is not None and target is None:
             raise TuiwatchError(f"the checkpoint has a {name} state: give Watch(..., {name}=...) to restore it")
+
+
+def restore(ckpt: Checkpoint, parts: Trainables, tracker: StepTracker) -> Checkpoint:
+    """Load the checkpoint into ``parts``, the RNGs and the step counts (``check_parts`` first)."""
+    parts.model.load_state_dict(ckpt.model)
+    for _, target, saved in _pairs(ckpt, parts):
         if saved is not None:
             target.load_state_dict(saved)
     tracker.step = ckpt.step

@@ -9,6 +9,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -87,6 +88,7 @@ def make_run_record(
     param_norm_every: int,
     on_nonfinite: str,
     step_per: str,
+    resumed_from: dict[str, Any] | None,
     run_dir: Path | None,
     socket_path: Path | None,
     socket_error: str | None,
@@ -126,4 +128,5 @@ def make_run_record(
         "param_norm_every": param_norm_every,
         "on_nonfinite": on_nonfinite,
         "step_per": step_per,
+        "resumed_from": resumed_from,
     }

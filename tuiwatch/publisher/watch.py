@@ -9,6 +9,7 @@ socket) opened by :func:`open_publishing` and started once those exist.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -22,7 +23,7 @@ import torch
 
 from tuiwatch.ledger.records import END_REASONS
 from tuiwatch.publisher import process, resume
-from tuiwatch.publisher.checkpoints import Checkpoint
+from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 from tuiwatch.publisher.commands import CommandRunner
 from tuiwatch.publisher.deferred import defer
 from tuiwatch.publisher.dumps import DumpWriter
@@ -73,10 +74,16 @@ class Watch:
         tcp: bool | str = False,
         quiet: bool = False,
         step_per: str = "batch",
+        resume_from: str | Path | None = None,
     ):
         _check_arguments(model, optimizer, on_nonfinite=on_nonfinite, stop=stop, every=every, step_per=step_per)
         tcp_address = tcp_option(tcp)  # a bad address is refused before anything is created
         diagnosis = Diagnosis(rules)  # raises for an unknown rule id, before anything is created
+        self._parts = resume.Trainables(model, optimizer, scheduler, scaler)
+        saved = None
+        if resume_from is not None:  # a checkpoint that cannot be read or loaded is refused before too
+            saved = load_checkpoint(resume_from)
+            resume.check_parts(saved, self._parts)
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -88,9 +95,11 @@ class Watch:
         self.seed = seed if seed is not None or seeding is None else seeding["seed"]
         first = next(iter(model.parameters()), None)
         self.device = first.device if first is not None else torch.device("cpu")
-        self._parts = resume.Trainables(model, optimizer, scheduler, scaler)
         self._resume: Checkpoint | None = None
         self._epoch_rng: dict[str, Any] | None = None
+        # Saved in every checkpoint and given back by restore (Checkpoint.extra): plain data, or a callable
+        # called at the checkpoint's boundary (the loop's best_val_loss, a data cursor, a prefetched batch).
+        self.extra_state: Any = None
         self._closed = False
 
         param_count = sum(p.numel() for p in model.parameters())
@@ -114,6 +123,7 @@ class Watch:
                 "param_norm_every": self.param_norm_every,
                 "on_nonfinite": on_nonfinite,
                 "step_per": step_per,
+                "resumed_from": None if saved is None else resume.link(saved),
             },
         )
         self.run_record = publishing.run_record
@@ -126,6 +136,11 @@ class Watch:
             self._pipeline, model, self.device, every, per_optimizer=step_per == "optimizer"
         )
         tracker.scaler = scaler
+        if saved is not None:
+            resume.restore(saved, self._parts, tracker)
+            self.extra_state = saved.extra  # the loop's own state, back (then its own again)
+            # Kept until the loop's first batches() replays the data position: without the weights.
+            self._resume = dataclasses.replace(saved, model={}, optimizer=None, scheduler=None, scaler=None)
         dumps = DumpWriter(self.run_dir, self.seed, tracker.recent)
         self._commands = CommandRunner(tracker, dumps, self.checkpoint_state, stop_mode=stop)
         self._failures = Failures(tracker, dumps, model, on_nonfinite=on_nonfinite, close=self.close)
@@ -305,7 +320,13 @@ class Watch:
     def checkpoint_state(self) -> dict[str, Any]:
         """What a checkpoint holds (SPEC §7): call at a step boundary, where everything is consistent."""
         return resume.checkpoint_state(
-            self._parts, self._tracker, name=self.name, run_id=self.run_record["run_id"], epoch_rng=self._epoch_rng
+            self._parts,
+            self._tracker,
+            name=self.name,
+            run_id=self.run_record["run_id"],
+            ledger=self.ledger_path,
+            epoch_rng=self._epoch_rng,
+            extra=self.extra_state,
         )
 
     def restore(self, path: str | Path) -> Checkpoint:
@@ -313,10 +334,17 @@ class Watch:
 
         Call before the loop. The next :meth:`batches` replays the saved
         epoch's shuffle and skips the batches already trained on, so the run
-        continues exactly where the checkpoint was taken.
+        continues exactly where the checkpoint was taken. ``Watch(...,
+        resume_from=path)`` does the same and also says so in the run record;
+        here the link is a ``resumed`` record. ``watch.extra_state`` is set
+        to what the checkpoint holds of it.
         """
-        self._resume = resume.restore(path, self._parts, self._tracker)
-        return self._resume
+        ckpt = load_checkpoint(path)
+        resume.check_parts(ckpt, self._parts)
+        self._resume = resume.restore(ckpt, self._parts, self._tracker)
+        self.extra_state = ckpt.extra
+        self._pipeline.put({"kind": "resumed", "t": time.time(), "resumed_from": resume.link(ckpt)})
+        return ckpt
 
     @property
     def epoch(self) -> int:

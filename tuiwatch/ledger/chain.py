@@ -1,0 +1,108 @@
+"""A run resumed from a checkpoint: its ledger links to the ledger of the run that wrote the checkpoint.
+
+The link is the run record's ``resumed_from`` (``Watch(resume_from=...)``) or
+a ``resumed`` record (``watch.restore(...)``): the checkpoint, its step, and
+the earlier run's name, id and ledger. :func:`read_run` follows the links back
+and puts the earlier parts first, each cut at the step where the next part
+took over, so that ``report`` sees one run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.fields import integer, num
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.records import Record
+
+# A chain longer than this is cut: a run resumed more often than that is not what a report is for.
+MAX_LINKS = 32
+
+
+def resumed_from(records: Iterable[Record]) -> Mapping[str, Any] | None:
+    """Where this run was resumed from: the run record's ``resumed_from``, else the first ``resumed`` record's."""
+    for r in records:
+        kind = r.get("kind")
+        if kind in ("run", "resumed"):
+            link = r.get("resumed_from")
+            if isinstance(link, Mapping):
+                return link
+        elif kind == "step":
+            return None  # a link is written before the first step
+    return None
+
+
+@dataclass
+class Part:
+    """One ledger of the chain: where it is, and the step from which the next part took over (None: the last)."""
+
+    path: str
+    records: Sequence[Record]
+    until: int | None = None
+
+
+@dataclass
+class RunChain:
+    parts: list[Part]
+    missing: str | None = None  # the earlier ledger a link names but that could not be read, and why
+    skipped: int = 0  # unreadable lines over all parts
+    links: list[Mapping[str, Any]] = field(default_factory=list)  # newest first
+
+    @property
+    def records(self) -> list[Record]:
+        """The run's records in order: each earlier part up to the step the next one resumed from."""
+        out: list[Record] = []
+        for part in self.parts:
+            out += list(part.records) if part.until is None else before(part.records, part.until)
+        return out
+
+
+def before(records: Sequence[Record], step: int) -> list[Record]:
+    """An earlier part's records up to a resume at ``step``: no end, the steps and evals before it."""
+    kept: list[Record] = []
+    last_t: float | None = None
+    for r in records:
+        kind = r.get("kind")
+        s = integer(r.get("step"))
+        if kind == "end" or (s is not None and s >= step and kind in ("step", "eval", "alert", "action")):
+            continue
+        if kind == "step":
+            last_t = num(r.get("t"))
+        t = num(r.get("t"))
+        if kind == "system" and last_t is not None and t is not None and t > last_t + 1.0:
+            continue  # sampled after the last kept step: the part the next ledger replaced
+        kept.append(r)
+    return kept
+
+
+def read_run(path: str | Path) -> RunChain:
+    """The ledger at ``path`` and the earlier ledgers it resumed from, oldest first."""
+    reader = read_ledger(path)
+    newest = list(reader)
+    chain = RunChain([Part(str(reader.path), newest)], skipped=reader.skipped)
+    seen = {reader.path.resolve()}
+    link = resumed_from(newest)
+    while link is not None and len(chain.links) < MAX_LINKS:
+        chain.links.append(link)
+        step, earlier = integer(link.get("step")), link.get("ledger")
+        if step is None or not isinstance(earlier, str):
+            chain.missing = "the link names no ledger"
+            break
+        try:
+            older = read_ledger(earlier)
+            if older.path.resolve() in seen:
+                chain.missing = f"{earlier} links back to a later part"
+                break
+            records = list(older)
+        except (TuiwatchError, OSError) as exc:
+            chain.missing = f"{earlier}: {exc}"
+            break
+        seen.add(older.path.resolve())
+        chain.skipped += older.skipped
+        chain.parts.insert(0, Part(str(older.path), records, until=step))
+        link = resumed_from(records)
+    return chain
