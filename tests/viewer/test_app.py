@@ -230,3 +230,29 @@ async def test_live_run_status_goes_live_disconnected_live_finished(tmp_path: Pa
         assert app.state.step == steps[-1]
         assert app.state.metrics["loss"].count == len(steps)
         finish(second)
+
+
+async def test_replay_of_a_resumed_run_shows_it_from_its_first_step(tmp_path: Path):
+    def write(path: Path, records: list[dict[str, Any]]) -> Path:
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+        return path
+
+    a = write(
+        tmp_path / "a.jsonl",
+        [{"kind": "run", "t": 1.0, "name": "lm", "run_id": "a"}]
+        + [{"kind": "step", "t": 2.0 + s, "step": s, "loss": 9.0 - s} for s in range(8)],
+    )
+    link = {"checkpoint": "/runs/a/checkpoints/step-5.pt", "step": 5, "ledger": str(a), "run_id": "a"}
+    b = write(
+        tmp_path / "b.jsonl",
+        [{"kind": "run", "t": 20.0, "name": "lm", "run_id": "b", "resumed_from": link}]
+        + [{"kind": "step", "t": 21.0 + s, "step": s, "loss": 100.0 + s} for s in range(5, 9)],
+    )
+    app = RecordingApp(FileSource(b), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.status == "disconnected")  # no end record: a killed run
+        loss = app.state.metrics["loss"]
+        assert loss.count == 9  # steps 0-4 from the first ledger, 5-8 from the resumed one
+        assert app.state.step == 8
+        assert loss.current == 108.0
+        assert app.state.run["run_id"] == "b"

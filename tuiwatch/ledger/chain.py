@@ -84,25 +84,49 @@ def read_run(path: str | Path) -> RunChain:
     reader = read_ledger(path)
     newest = list(reader)
     chain = RunChain([Part(str(reader.path), newest)], skipped=reader.skipped)
-    seen = {reader.path.resolve()}
-    link = resumed_from(newest)
+    _follow(chain, resumed_from(newest), reader.path)
+    return chain
+
+
+def earlier_parts(path: str | Path) -> RunChain:
+    """Only the earlier parts of the run whose newest ledger is ``path`` (what a replay shows first).
+
+    Reads the head of ``path`` for the link, not the whole file.
+    """
+    reader = read_ledger(path)
+    head: list[Record] = []
+    for r in reader:
+        head.append(r)
+        if r.get("kind") == "step" or len(head) >= HEAD_RECORDS:
+            break
+    chain = RunChain([])
+    _follow(chain, resumed_from(head), reader.path)
+    return chain
+
+
+# A link is written before the first step: this many records in, there is none.
+HEAD_RECORDS = 64
+
+
+def _follow(chain: RunChain, link: Mapping[str, Any] | None, newest: Path) -> None:
+    """Put the parts ``link`` leads back to at the front of ``chain``, oldest first."""
+    seen = {newest.resolve()}
     while link is not None and len(chain.links) < MAX_LINKS:
         chain.links.append(link)
         step, earlier = integer(link.get("step")), link.get("ledger")
         if step is None or not isinstance(earlier, str):
             chain.missing = "the link names no ledger"
-            break
+            return
         try:
             older = read_ledger(earlier)
             if older.path.resolve() in seen:
                 chain.missing = f"{earlier} links back to a later part"
-                break
+                return
             records = list(older)
         except (TuiwatchError, OSError) as exc:
             chain.missing = f"{earlier}: {exc}"
-            break
+            return
         seen.add(older.path.resolve())
         chain.skipped += older.skipped
         chain.parts.insert(0, Part(str(older.path), records, until=step))
         link = resumed_from(records)
-    return chain

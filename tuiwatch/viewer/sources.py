@@ -20,6 +20,8 @@ from typing import IO, Protocol
 
 from textual.message import Message
 
+from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.chain import earlier_parts
 from tuiwatch.ledger.codec import DecodeError, decode
 from tuiwatch.ledger.reader import ledger_path
 from tuiwatch.ledger.records import Record
@@ -192,6 +194,9 @@ class FileSource:
         post(SourceConnected(self.label))
         batcher = _Batcher(post)
         try:
+            earlier = earlier_parts(self.path)  # a resumed run is shown from its first step
+            if earlier.records:
+                post(RecordsReceived(earlier.records))
             with open(self.path, "rb") as f:
                 while not self._stop.is_set():
                     data = f.read(1 << 20)
@@ -203,7 +208,7 @@ class FileSource:
                     if not self.follow:
                         break
                     self._stop.wait(self.poll_s)
-        except (OSError, ProtocolError) as exc:
+        except (OSError, ProtocolError, TuiwatchError) as exc:
             batcher.flush(force=True)
             post(SourceDisconnected(f"cannot read {self.path}: {exc}"))
             return
