@@ -48,7 +48,7 @@ def test_a_missing_earlier_ledger_keeps_what_is_there_and_says_why(tmp_path: Pat
     a, _, c = three_parts(tmp_path)
     a.unlink()
     chain = read_run(c)
-    assert [r["step"] for r in chain.records if r["kind"] == "step"][0] == 4
+    assert next(r["step"] for r in chain.records if r["kind"] == "step") == 4
     assert chain.missing is not None
     assert chain.missing.startswith(f"{a}: no ledger at")
 
