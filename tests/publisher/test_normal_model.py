@@ -7,6 +7,7 @@ first epoch on ``torch.save(model, f)`` with a Watch attached.
 from __future__ import annotations
 
 import copy
+import copyreg
 import io
 import pickle
 from pathlib import Path
@@ -63,6 +64,35 @@ def test_a_watched_model_pickles_deep_copies_and_saves_whole(run_root: Path, soc
     _train(watch, model, optimizer, 2)  # the run goes on as before
     watch.close()
     assert [s["step"] for s in _steps(watch)] == [0, 1, 2, 3, 4]
+
+
+def users_hook(module: nn.Module, args: object, output: object) -> None:
+    """A hook of the user's own, next to the Watch's."""
+
+
+def test_a_saved_watched_model_holds_nothing_of_tuiwatch_and_loads_weights_only(run_root: Path, socket_dir: Path):
+    # word_language_model reloads its best model with torch.load(weights_only=True) and safe_globals.
+    model, optimizer, watch = _watched(run_root)
+    _train(watch, model, optimizer, 2)
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    assert b"tuiwatch" not in saved.getvalue()
+    saved.seek(0)
+    with torch.serialization.safe_globals([nn.Sequential, nn.Linear, nn.ReLU]):
+        loaded = torch.load(saved, weights_only=True)
+    assert loaded._forward_hooks == {}
+    assert loaded._forward_hooks_always_called == {}
+    assert copy.deepcopy(model)._forward_hooks == {}
+    assert len(model._forward_hooks) == 1  # the model itself keeps the Watch's hook
+    # The user's own hook is the user's business: it is saved and copied as ever.
+    model.register_forward_hook(users_hook)
+    saved = io.BytesIO()
+    torch.save(model, saved)
+    saved.seek(0)
+    assert list(torch.load(saved, weights_only=False)._forward_hooks.values()) == [users_hook]
+    assert list(copy.deepcopy(model)._forward_hooks.values()) == [users_hook]
+    watch.close()
+    assert type(model) not in copyreg.dispatch_table  # closing puts pickling back as it was
 
 
 def test_copies_of_a_watched_model_never_publish_into_its_run(run_root: Path, socket_dir: Path):

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tuiwatch.publisher import process
+from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.deferred import defer, defer_tensor
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.measure import finiteness_probe, first_tensor, total_norm
@@ -48,12 +48,11 @@ def default_param_norm_every(param_count: int) -> int:
 class ForwardHook:
     """What a Watch registers on the user's model: a model with it stays a normal model.
 
-    The model's hook table is pickled, deep-copied and averaged with the model
-    (``torch.save(model)``, ``copy.deepcopy``, ``AveragedModel``). This hook
-    holds its :class:`ModelHooks` only weakly, and copies or pickles as an inert
-    hook: no lock or thread of the Watch is ever reached, and a copy of the
-    model never publishes into the original's Watch. (Loading such a pickle
-    needs tuiwatch importable, as it needs the model's own class.)
+    Copies of the model leave it out (pickling.py). Where a copy is made some
+    other way (a shallow ``copy.copy`` shares the table), this hook holds its
+    :class:`ModelHooks` only weakly, acts only for the module it was put on,
+    and copies or pickles as an inert hook: no lock or thread of the Watch is
+    ever reached, and a copy never publishes into the original's Watch.
     """
 
     __slots__ = ("_target",)
@@ -70,6 +69,10 @@ class ForwardHook:
 
     def __reduce__(self) -> tuple[type[ForwardHook], tuple[()]]:
         return (ForwardHook, ())
+
+
+def _is_forward_hook(hook: Any) -> bool:
+    return isinstance(hook, ForwardHook)
 
 
 class ModelHooks:
@@ -105,8 +108,11 @@ class ModelHooks:
             self.tracker.on_end = self.at_step_end
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
         self._handles.append(self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True))
+        pickling.hide_hooks(type(self.model), _is_forward_hook)
 
     def remove(self) -> None:
+        if self._handles:
+            pickling.show_hooks(type(self.model))
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
