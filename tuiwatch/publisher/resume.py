@@ -8,6 +8,7 @@ shuffle and skip the batches already trained on (docs/checkpoints.md).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,11 @@ def restore(ckpt: Checkpoint, parts: Trainables, tracker: StepTracker) -> Checkp
     tracker.opt_steps = ckpt.opt_steps
     restore_rng(ckpt.rng)
     return ckpt
+
+
+def without_weights(ckpt: Checkpoint) -> Checkpoint:
+    """What the Watch keeps until the loop's first ``batches()`` replays the data position: no state dicts."""
+    return dataclasses.replace(ckpt, model={}, optimizer=None, scheduler=None, scaler=None)
 
 
 def fast_forward(it: Iterator[Any], recorder: IndexRecorder | None, ckpt: Checkpoint, tracker: StepTracker) -> None:

@@ -9,7 +9,6 @@ socket) opened by :func:`open_publishing` and started once those exist.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -139,8 +138,7 @@ class Watch:
         if saved is not None:
             resume.restore(saved, self._parts, tracker)
             self.extra_state = saved.extra  # the loop's own state, back (then its own again)
-            # Kept until the loop's first batches() replays the data position: without the weights.
-            self._resume = dataclasses.replace(saved, model={}, optimizer=None, scheduler=None, scaler=None)
+            self._resume = resume.without_weights(saved)
         dumps = DumpWriter(self.run_dir, self.seed, tracker.recent)
         self._commands = CommandRunner(tracker, dumps, self.checkpoint_state, stop_mode=stop)
         self._failures = Failures(tracker, dumps, model, on_nonfinite=on_nonfinite, close=self.close)
@@ -262,6 +260,12 @@ class Watch:
             return
         epoch = metrics.pop("epoch", None)
         lr = metrics.pop("lr", None)
+        if lr is not None and self.optimizer is not None:
+            raise ValueError(
+                "tuiwatch: lr is read from the optimizer's param groups; log(lr=...) is for loops without one"
+            )
+        epoch = None if epoch is None else _epoch(epoch)
+        lrs = None if lr is None else _learning_rates(lr)
         target: EvalState | StepState
         if tracker.eval is not None:
             target = tracker.eval
@@ -271,14 +275,9 @@ class Watch:
         else:
             target = tracker.current()
         if epoch is not None:
-            target.epoch = tracker.epoch = _epoch(epoch)
-        if lr is not None:
-            if self.optimizer is not None:
-                raise ValueError(
-                    "tuiwatch: lr is read from the optimizer's param groups; log(lr=...) is for loops without one"
-                )
-            if tracker.eval is None:
-                tracker.current().lr = _learning_rates(lr)
+            target.epoch = tracker.epoch = epoch
+        if lrs is not None and isinstance(target, StepState):
+            target.lr = lrs
         add_metrics(target.metrics, metrics)
 
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, **kwargs: Any) -> torch.Tensor:
@@ -341,8 +340,9 @@ class Watch:
         """
         ckpt = load_checkpoint(path)
         resume.check_parts(ckpt, self._parts)
-        self._resume = resume.restore(ckpt, self._parts, self._tracker)
+        resume.restore(ckpt, self._parts, self._tracker)
         self.extra_state = ckpt.extra
+        self._resume = resume.without_weights(ckpt)
         self._pipeline.put({"kind": "resumed", "t": time.time(), "resumed_from": resume.link(ckpt)})
         return ckpt
 
