@@ -174,9 +174,10 @@ class ModelHooks:
     def at_step_open(self, s: StepState) -> None:
         """No optimizer: keep the weights the update norm compares with, on the steps that sample it."""
         tracker = self.tracker
-        if tracker.measured(s) and tracker.opt_steps % self.update_norm_every == 0:
+        params = self.params()
+        if params and tracker.measured(s) and tracker.opt_steps % self.update_norm_every == 0:
             with torch.no_grad():
-                self._before_update = list(torch._foreach_mul(self.params(), 1.0))
+                self._before_update = list(torch._foreach_mul(params, 1.0))
 
     def at_step_end(self, s: StepState) -> None:
         """No optimizer: a step that ends with gradients was an update; its norms are read from the model now."""
