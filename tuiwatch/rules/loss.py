@@ -105,36 +105,77 @@ class LossChance(Rule):
 class LossSpike(Rule):
     """One step's loss far outside the recent spread: a bad batch, usually.
 
-    Fires when the loss is above ``median + k × MAD`` of the last ``window``
-    finite losses (MAD scaled to a standard deviation, at least 1 % of the
-    median so a flat loss is not hair-trigger) and above ``ratio`` × the
-    median. Needs ``min_history`` losses first. The spike does not enter the
-    window, so one bad batch cannot raise the bar for the next.
+    Per-batch losses are heavy-tailed (a small batch, dropout, a converged
+    classifier scoring ~0 on most batches and 3 on one), and schedules move
+    their level, so a bar of median + k × spread fires on healthy noise. The
+    bar is instead ``ratio`` × the largest of the last ``window`` ordinary
+    losses: above anything the run's own noise reached lately, by a factor.
+    A schedule's decay lowers the losses and leaves the bar high for a while
+    (less sensitive, never a false alarm). For losses that can be negative (a
+    log-likelihood, an ELBO), the window's median + ``k`` × MAD is the bar.
+    Needs ``min_history`` losses; a spike does not enter the window; the bar
+    is refreshed every ``refresh`` losses. Right after the lr rose by half
+    or more (a warm restart), a higher loss is the schedule's: no spike for
+    ``lr_hold`` steps.
     """
 
     id = "loss-spike"
-    clear_after = 20
+    clear_after = 3
 
-    def __init__(self, window: int = 100, k: float = 12.0, ratio: float = 2.0, min_history: int = 30):
+    def __init__(
+        self,
+        window: int = 200,
+        ratio: float = 3.0,
+        k: float = 12.0,
+        min_history: int = 30,
+        refresh: int = 25,
+        lr_hold: int = 10,
+    ):
         super().__init__()
         self.recent: deque[float] = deque(maxlen=window)
-        self.k, self.ratio, self.min_history = k, ratio, min_history
+        self.ratio, self.k, self.min_history = ratio, k, min_history
+        self.refresh, self.lr_hold = refresh, lr_hold
         self.bar: float | None = None
+        self.basis: dict[str, float | int | str] = {}
         self.added = 0
+        self.last_lr: float | None = None
+        self.since_lr_rise = lr_hold
+
+    def _lr_rose(self, record: Record) -> bool:
+        lr = record.get("lr")
+        top = max((v for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
+        if top is not None:
+            if self.last_lr is not None and top > 1.5 * self.last_lr:
+                self.since_lr_rise = 0
+            self.last_lr = top
+        self.since_lr_rise += 1
+        return self.since_lr_rise <= self.lr_hold
+
+    def _refresh(self) -> None:
+        values = list(self.recent)
+        if min(values) >= 0:
+            top = max(values)
+            self.bar = self.ratio * top
+            self.basis = {"rule": f"{self.ratio:g} x the window's largest loss", "window_max": top}
+        else:
+            median = statistics.median(values)
+            spread = max(statistics.median(abs(v - median) for v in values) * 1.4826, 0.01 * abs(median))
+            self.bar = median + self.k * spread
+            self.basis = {"rule": f"median + {self.k:g} x MAD (the loss can be negative)", "mad": spread}
+        self.basis["window"] = len(values)
 
     def _spiked(self, record: Record) -> float | None:
-        """The loss if it is a spike; an ordinary loss joins the window (the bar moves every 25 of them)."""
+        """The loss if it is a spike; an ordinary loss joins the window."""
         loss = num(record.get("loss"))
+        held = self._lr_rose(record)
         if loss is None or not math.isfinite(loss):
             return None
-        if self.bar is not None and loss > self.bar:
+        if self.bar is not None and loss > self.bar and not held:
             return loss
         self.recent.append(loss)
         self.added += 1
-        if len(self.recent) >= self.min_history and (self.bar is None or self.added % 25 == 0):
-            median = statistics.median(self.recent)
-            mad = statistics.median(abs(v - median) for v in self.recent) * 1.4826
-            self.bar = max(median + self.k * max(mad, 0.01 * abs(median)), self.ratio * median)
+        if len(self.recent) >= self.min_history and (self.bar is None or self.added % self.refresh == 0):
+            self._refresh()
         return None
 
     def check(self, record: Record) -> AlertRecord | None:
@@ -147,13 +188,21 @@ class LossSpike(Rule):
             self.id,
             "warning",
             record.get("step"),
-            f"loss {loss:.4g} jumped to {loss / median:.1f}x its recent median {median:.4g}",
-            {"loss": loss, "median": median, "bar": self.bar, "batch_ids": ids[:64] if isinstance(ids, list) else None},
+            f"loss {loss:.4g} jumped to {loss / median:.1f}x its recent median {median:.4g}"
+            if median > 0
+            else f"loss {loss:.4g} jumped far above its recent median {median:.4g}",
+            {
+                "loss": loss,
+                "median": median,
+                "bar": self.bar,
+                **self.basis,
+                "batch_ids": ids[:64] if isinstance(ids, list) else None,
+            },
             "look at this batch (its ids are in the evidence and its tensors in the dump), then the lr",
         )
 
     def clears(self, record: Record) -> bool:
-        # A spike is one step: the next ordinary loss ends it.
+        # A spike is one step: ordinary losses end it.
         return num(record.get("loss")) is not None and self._spiked(record) is None
 
 
