@@ -58,7 +58,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print("| runs | healthy steps | false alarms per 1,000 steps | planted spikes detected | planted batches scored 0 |")
+    print(
+        "| runs | healthy steps | false alarms per 1,000 steps | planted spikes detected | planted batches scored 0 |"
+    )
     print("|---|---|---|---|---|")
     for name, (batch, noise) in NOISE.items():
         false = steps = detected = planted = saturated = 0
@@ -73,7 +75,8 @@ def main() -> None:
                 continue
             planted += 1
             detected += bad in alerts(faulty)
-        print(f"| {name} x {args.seeds} seeds | {steps:,} | {1000 * false / steps:.2f} | {detected}/{planted} | {saturated} |")
+        rate = 1000 * false / steps
+        print(f"| {name} x {args.seeds} seeds | {steps:,} | {rate:.2f} | {detected}/{planted} | {saturated} |")
     print(f"\nload average {os.getloadavg()[0]:.1f}")
 
 
