@@ -205,6 +205,41 @@ def test_accumulation_by_step_calls_folds_too(run_root: Path):
     assert steps[1]["batch_ids"] == [6, 7, 8, 9, 10, 11]
 
 
+class DictOutputClassifier(nn.Module):
+    """A Hugging Face-style model: the loss is computed inside, the output is a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.net(features)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def test_loss_chance_finds_the_classes_of_a_dict_output_and_names_shuffled_labels(run_root: Path):
+    torch.manual_seed(0)
+    model = DictOutputClassifier()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(0)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(320):
+            batch = {"features": torch.randn(16, 6, generator=g), "labels": torch.randint(0, 4, (16,), generator=g)}
+            watch.step(batch=batch)
+            out = model(**batch)  # labels unrelated to the features: the best it can do is chance
+            watch.log(loss=out["loss"])
+            out["loss"].backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = _steps(watch)
+    assert steps[0]["classes"] == 4
+    assert steps[0]["batch_shape"] == {"features": [16, 6], "labels": [16]}
+    fired = [a for a in _alerts(watch) if a["rule"] == "loss-chance" and a["severity"] == "warning"]
+    assert fired
+    assert fired[0]["evidence"]["classes"] == 4
+    assert "logits" in fired[0]["evidence"]["classes_from"]
+
+
 def _estimate_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """nanoGPT's estimate_loss: eval mode for the forwards, train mode restored before returning."""
     model.eval()

@@ -314,3 +314,22 @@ def test_docs_name_every_rule_and_threshold():
         assert f"| `{rule_id}` |" in text
         for name in thresholds(rule_id):
             assert f"`{name}`" in text, f"docs/rules.md does not document {rule_id}'s threshold {name}"
+
+
+def test_loss_chance_waits_for_a_warm_up_and_says_what_it_assumed():
+    chance = math.log(4)
+    records = []
+    for i in range(2400):
+        lr = 0.1 * min(1.0, (i + 1) / 2000)  # a 2,000-step warm-up: the loss stays near chance through it
+        records.append(step(i, loss=chance * (1.0 + 0.01 * ((i % 7) - 3)), lr=[lr], classes=4 if i == 0 else None))
+    alerts = [a for a in Diagnosis(["loss-chance"]).run(records) if a["severity"] != "info"]
+    assert [a["step"] for a in alerts] == [2099]  # 100 steps after the lr stopped rising
+    evidence = alerts[0]["evidence"]
+    assert evidence["classes"] == 4
+    assert evidence["classes_from"].startswith("the model's output")
+    assert evidence["schedule"] == "lr 0.1, not risen for 100 steps (peak 0.1)"
+
+
+def test_loss_chance_is_quiet_when_the_class_count_is_unknown():
+    records = [step(i, loss=math.log(4), lr=[0.1]) for i in range(500)]
+    assert fired(records, "loss-chance") == []

@@ -27,7 +27,7 @@ import torch
 from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.deferred import defer, defer_tensor
 from tuiwatch.publisher.failures import Failures
-from tuiwatch.publisher.measure import finiteness_probe, first_tensor, total_norm
+from tuiwatch.publisher.measure import class_count, finiteness_probe, first_tensor, total_norm
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.steps import StepTracker
 
@@ -220,7 +220,8 @@ class ModelHooks:
         out = first_tensor(output)
         if out is not None and out.is_floating_point():
             s.forward_probe = defer(finiteness_probe(out))
-            if not self._classes_reported and out.dim() == 2 and out.shape[1] >= 2:
-                # The width of a 2-D output is the class count that loss-chance compares with.
+        if not self._classes_reported:
+            classes = class_count(output)
+            if classes is not None:
                 self._classes_reported = True
-                s.classes = int(out.shape[1])
+                s.classes = classes

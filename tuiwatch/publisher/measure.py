@@ -53,6 +53,29 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
     return logits if isinstance(logits, torch.Tensor) else None
 
 
+def class_count(output: Any) -> int | None:
+    """The class count loss-chance compares with, where the output says it reliably; None otherwise.
+
+    Logits named as such (a ``"logits"`` key, a ``.logits`` attribute, as
+    Hugging Face models return them): their last dimension, whatever their
+    rank ((batch, classes), (batch, time, vocabulary)). Otherwise the first
+    floating tensor of the output (itself, or the first of a tuple or dict
+    that has one) when it is 2-D: (batch, classes). A 4-D map or a 1-D
+    regression output says nothing.
+    """
+    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor) and logits.is_floating_point() and logits.dim() >= 2:
+        width = int(logits.shape[-1])
+    else:
+        values = output.values() if isinstance(output, Mapping) else output if isinstance(output, list | tuple) else ()
+        candidates = [output] if isinstance(output, torch.Tensor) else list(values)
+        first = next(
+            (t for t in candidates if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 1), None
+        )
+        width = int(first.shape[1]) if first is not None and first.dim() == 2 else 0
+    return width if width >= 2 else None
+
+
 def _shape_and_tensors(batch: Any, tensors: list[torch.Tensor]) -> Any:
     """The batch with each tensor replaced by its shape; collects the tensors on the way."""
     if isinstance(batch, torch.Tensor):

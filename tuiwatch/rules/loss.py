@@ -52,7 +52,10 @@ class LossChance(Rule):
     """A classifier's loss sits at ln(C), what guessing uniformly among C classes scores.
 
     C comes from the rule's ``classes`` threshold, else from the ``classes``
-    field the publisher writes once (the width of the model's 2-D output).
+    field the publisher writes once (the last dimension of logits the output
+    names, or the width of a 2-D output); unknown C, no alert. The schedule
+    must have let the model learn: the lr has not risen for ``window`` steps
+    (a warm-up still climbing from 0 keeps the loss near ln(C) by design).
     Fires when, after ``min_steps`` steps, the median of the last ``window``
     losses is within ``tolerance`` of ln(C) and none of them went below
     ``(1 - 2 * tolerance) * ln(C)``; clears when the median falls below that.
@@ -63,14 +66,29 @@ class LossChance(Rule):
     def __init__(self, classes: int | None = None, window: int = 100, min_steps: int = 200, tolerance: float = 0.1):
         super().__init__()
         self.classes = classes
+        self.source = "rules={'loss-chance': {'classes': ...}}" if classes is not None else None
         self.window, self.min_steps, self.tolerance = window, min_steps, tolerance
         self.recent: deque[float] = deque(maxlen=window)
         self.seen = 0
+        self.last_lr: float | None = None
+        self.peak_lr = 0.0
+        self.since_rise = 0  # steps with a known lr since it last rose
+
+    def _schedule(self, record: Record) -> None:
+        lr = record.get("lr")
+        top = max((v for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
+        if top is None:
+            return
+        self.since_rise = 0 if self.last_lr is not None and top > self.last_lr else self.since_rise + 1
+        self.last_lr = top
+        self.peak_lr = max(self.peak_lr, top)
 
     def _push(self, record: Record) -> float | None:
-        """The chance-level loss ln(C), once this record is in the window and C is known."""
+        """The chance-level loss ln(C), once this record is in the window, C is known and the lr has settled."""
         if self.classes is None and integer(record.get("classes")) is not None:
             self.classes = record["classes"]
+            self.source = "the model's output (its logits' last dimension, or a 2-D output's width)"
+        self._schedule(record)
         loss = num(record.get("loss"))
         if loss is None or not math.isfinite(loss):
             return None
@@ -78,6 +96,8 @@ class LossChance(Rule):
         self.seen += 1
         if self.classes is None or self.classes < 2 or self.seen < self.min_steps:
             return None
+        if self.last_lr is not None and self.since_rise < self.window:
+            return None  # the lr is still rising (a warm-up): a loss near chance is expected
         return math.log(self.classes)
 
     def check(self, record: Record) -> AlertRecord | None:
@@ -87,13 +107,25 @@ class LossChance(Rule):
         median = statistics.median(self.recent)
         if abs(median - chance) > self.tolerance * chance or min(self.recent) < (1 - 2 * self.tolerance) * chance:
             return None
+        schedule = (
+            "no lr in the records"
+            if self.last_lr is None
+            else f"lr {self.last_lr:.3g}, not risen for {self.since_rise} steps (peak {self.peak_lr:.3g})"
+        )
         return alert_record(
             self.id,
             "warning",
             record.get("step"),
             f"loss {median:.3f} is at chance level ln({self.classes}) = {chance:.3f} "
             f"(median of the last {len(self.recent)} steps)",
-            {"loss_median": median, "chance": chance, "classes": self.classes, "window": len(self.recent)},
+            {
+                "loss_median": median,
+                "chance": chance,
+                "classes": self.classes,
+                "classes_from": self.source,
+                "window": len(self.recent),
+                "schedule": schedule,
+            },
             "the labels (shuffled? misaligned?), the output/loss contract (an extra softmax?), the lr",
         )
 
