@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -238,6 +240,39 @@ def test_loss_chance_finds_the_classes_of_a_dict_output_and_names_shuffled_label
     assert fired
     assert fired[0]["evidence"]["classes"] == 4
     assert "logits" in fired[0]["evidence"]["classes_from"]
+
+
+class Shards(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Three shards, one per loader worker; shard 0 sits on slow storage."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        shard = info.id if info is not None else 0
+        g = torch.Generator().manual_seed(shard)
+        for _ in range(40):
+            if shard == 0:
+                time.sleep(0.1)
+            yield torch.randn(8, 6, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+
+@pytest.mark.integration  # three loader worker processes
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")  # 2 cores: as the user had
+def test_one_slow_shard_among_workers_is_named_by_data_bound(run_root: Path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = torch.utils.data.DataLoader(Shards(), batch_size=None, num_workers=3)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for x, y in watch.batches(loader):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    fired = [a for a in _alerts(watch) if a["rule"] == "data-bound" and a["severity"] == "warning"]
+    assert fired, [(a["rule"], a["step"]) for a in _alerts(watch)]
+    assert fired[0]["evidence"]["data_wait_share"] > 0.5
+    assert fired[0]["evidence"]["pattern"] == "every 3rd batch waits: one slow worker or shard"
 
 
 def _estimate_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

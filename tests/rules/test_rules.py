@@ -105,7 +105,20 @@ def test_eval_mode_fires_on_eval_records_in_training_mode():
 def test_data_bound_fires_when_waiting_dominates_and_clears_when_it_stops():
     slow = [step(i, data_wait_s=0.03, compute_s=0.01) for i in range(60)]
     fast = [step(i, data_wait_s=0.001, compute_s=0.01) for i in range(60, 120)]
-    assert fired(slow + fast, "data-bound") == [("data-bound", 49, "warning"), ("data-bound", 85, "info")]
+    # Time-weighted: it clears once the wait is under 30 % of the window's time (6 slow steps of 50 left).
+    assert fired(slow + fast, "data-bound") == [("data-bound", 49, "warning"), ("data-bound", 103, "info")]
+
+
+def test_data_bound_weighs_time_and_names_one_slow_worker_on_a_fast_or_a_loaded_machine():
+    # Three loader workers, one reading a slow shard: every 3rd batch waits 130 ms, the others 1 ms.
+    for compute in (0.005, 0.015):  # an idle machine, and the same run with compute 3x slower beside other jobs
+        records = [step(i, data_wait_s=0.13 if i % 3 == 2 else 0.001, compute_s=compute) for i in range(96)]
+        alerts = [a for a in Diagnosis(["data-bound"]).run(records) if a["severity"] == "warning"]
+        assert [a["step"] for a in alerts] == [49]
+        evidence = alerts[0]["evidence"]
+        assert evidence["period"] == 3
+        assert evidence["pattern"] == "every 3rd batch waits: one slow worker or shard"
+        assert evidence["data_wait_share"] > 0.6
 
 
 def test_unknown_rule_ids_are_refused():

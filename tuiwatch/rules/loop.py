@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 from collections import deque
+from itertools import pairwise
 
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
 from tuiwatch.rules.base import Rule
 
 
 class DataBound(Rule):
-    """Waiting for data takes most of the step time: over 50 % on most of the last 50 steps.
+    """Waiting for data takes most of the time: over ``share`` of the wall time of the last ``window`` steps.
 
-    Steps that wait less than ``min_wait_s`` count as not waiting: a tiny model
-    on an in-memory dataset spends half of a 0.2 ms step in the loader, and no
-    loader setting would buy anything there.
+    Time-weighted, not a count of steps: with one slow worker or shard, every
+    third batch waits 130 ms and the others 1 ms; that is 90 % of the time in
+    a third of the steps. The window's single longest wait is left out (one
+    slow batch at an epoch start is not a slow loader), and the share does
+    not depend on how fast the machine computes, only on where the time goes.
+    A mean wait under ``min_wait_s`` per step is not
+    worth a worker, whatever its share of a tiny step. When the steps that do
+    wait come at a regular interval, the evidence says so ("every 3rd batch
+    waits"), which points at one worker or shard rather than all of them.
+    Clears when the share is under ``clear_share``.
     """
 
     id = "data-bound"
@@ -21,42 +29,72 @@ class DataBound(Rule):
     def __init__(self, window: int = 50, share: float = 0.5, clear_share: float = 0.3, min_wait_s: float = 0.001):
         super().__init__()
         self.window, self.share, self.clear_share, self.min_wait_s = window, share, clear_share, min_wait_s
-        self.recent: deque[float] = deque()
-        self.over = 0  # steps in the window waiting more than `share`
-        self.under = 0  # steps in the window waiting less than `clear_share`
+        self.recent: deque[tuple[int | None, float, float]] = deque()
+        self.wait = 0.0
+        self.total = 0.0
 
-    def _push(self, record: Record) -> bool:
-        """Add this step's wait share to the window; False when the window is not full yet."""
+    def _push(self, record: Record) -> float | None:
+        """Add this step to the window; the window's wait share once it is full (None before)."""
         wait, compute = record.get("data_wait_s"), record.get("compute_s")
-        if type(wait) is not float or type(compute) is not float or wait + compute <= 0:
-            return False
-        # A wait under min_wait_s is not worth a worker, whatever its share of a tiny step.
-        value = wait / (wait + compute) if wait >= self.min_wait_s else 0.0
-        self.recent.append(value)
-        self.over += value > self.share
-        self.under += value < self.clear_share
+        if type(wait) is not float or type(compute) is not float or wait < 0 or compute < 0:
+            return None
+        step = record.get("step")
+        self.recent.append((step if isinstance(step, int) else None, wait, compute))
+        self.wait += wait
+        self.total += wait + compute
         if len(self.recent) > self.window:
-            old = self.recent.popleft()
-            self.over -= old > self.share
-            self.under -= old < self.clear_share
-        return len(self.recent) == self.window
+            _, old_wait, old_compute = self.recent.popleft()
+            self.wait -= old_wait
+            self.total -= old_wait + old_compute
+        if len(self.recent) < self.window or self.total <= 0:
+            return None
+        if self.wait / self.window < self.min_wait_s:
+            return 0.0
+        share = self.wait / self.total
+        if share <= self.clear_share:
+            return share
+        # Without the window's longest wait: one slow batch (an epoch start, a cache miss) is not a slow loader.
+        longest = max(w for _, w, _ in self.recent)
+        return (self.wait - longest) / (self.total - longest) if self.total > longest else 0.0
+
+    def _pattern(self) -> tuple[str, int | None]:
+        """How the waits are spread: every step, or every Nth (one slow worker or shard)."""
+        waiting = [s for s, w, c in self.recent if s is not None and w > max(c, self.min_wait_s)]
+        if len(waiting) >= 3 and len(waiting) <= len(self.recent) // 2:
+            gaps = {b - a for a, b in pairwise(waiting)}
+            if len(gaps) == 1:
+                period = gaps.pop()
+                nth = {2: "2nd", 3: "3rd"}.get(period, f"{period}th")
+                return f"every {nth} batch waits: one slow worker or shard", period
+        if len(waiting) > len(self.recent) // 2:
+            return "most batches wait: the loader as a whole is too slow", None
+        return "a few batches wait long: occasional slow batches", None
 
     def check(self, record: Record) -> AlertRecord | None:
-        # Counts instead of a sorted window: "most steps over 50 %" is the median over 50 %.
-        if not self._push(record) or self.over * 2 <= self.window:
+        share = self._push(record)
+        if share is None or share <= self.share:
             return None
-        share = sorted(self.recent)[self.window // 2]
+        pattern, period = self._pattern()
         return alert_record(
             self.id,
             "warning",
             record.get("step"),
-            f"waiting for data takes {share:.0%} of the step (median of the last {self.window} steps)",
-            {"data_wait_share": share, "data_wait_s": record.get("data_wait_s"), "compute_s": record.get("compute_s")},
-            "more loader workers, lighter transforms, faster storage, pin_memory",
+            f"waiting for data takes {share:.0%} of the time of the last {self.window} steps; {pattern}",
+            {
+                "data_wait_share": share,
+                "window": self.window,
+                "wait_s": self.wait,
+                "step_time_s": self.total,
+                "pattern": pattern,
+                "period": period,
+            },
+            "more loader workers, lighter transforms, faster storage, pin_memory"
+            + ("; find the slow worker or shard" if period else ""),
         )
 
     def clears(self, record: Record) -> bool:
-        return self._push(record) and self.under * 2 > self.window
+        share = self._push(record)
+        return share is not None and share < self.clear_share
 
 
 class EvalMode(Rule):
