@@ -346,3 +346,18 @@ def test_loss_chance_waits_for_a_warm_up_and_says_what_it_assumed():
 def test_loss_chance_is_quiet_when_the_class_count_is_unknown():
     records = [step(i, loss=math.log(4), lr=[0.1]) for i in range(500)]
     assert fired(records, "loss-chance") == []
+
+
+def test_gradscaler_skips_are_info_until_too_many_in_a_row():
+    ok = {"batch": True, "forward": True, "loss": True, "grad": True, "param": True}
+    bad = ok | {"grad": False, "param": None}
+    records = [step(0, finite=ok, opt_step=1, scale=65536.0)]
+    records += [step(i, finite=bad, opt_step=None, scale=65536.0 / 2**i) for i in range(1, 3)]
+    records += [step(3, finite=ok, opt_step=2, scale=16384.0)]
+    records += [step(i, finite=bad, opt_step=None, scale=16384.0 / 2 ** (i - 3)) for i in range(4, 16)]
+    alerts = Diagnosis(["nonfinite"]).run(records)
+    assert [(a["step"], a["severity"]) for a in alerts] == [(1, "info"), (2, "info")] + [
+        (i, "info") for i in range(4, 13)
+    ] + [(13, "critical")]
+    assert alerts[-1]["evidence"]["scaler_skips"] == 10
+    assert alerts[-1]["message"].startswith("the GradScaler skipped 10 steps in a row (scale now 16)")

@@ -13,24 +13,42 @@ class NonFinite(Rule):
     Under a GradScaler (the step record has a ``scale``), gradients that
     overflow at the loss scale while the loss is finite are how the scaler
     works: it skips that optimizer step and lowers the scale. Each such skip
-    is an ``info`` alert with the scale change, not an episode. It stays
-    critical when the scale has fallen below 1 (the gradients are not finite
-    even unscaled) and whenever the batch, forward, loss or parameters fail.
+    is an ``info`` alert with the scale change, not an episode. It is
+    critical when the scaler skipped ``max_skips`` steps in a row, when the
+    scale has fallen below 1 (the gradients are not finite even unscaled),
+    and whenever the batch, forward, loss or parameters fail.
     """
 
     id = "nonfinite"
 
-    def __init__(self) -> None:
+    def __init__(self, max_skips: int = 10) -> None:
         super().__init__()
+        self.max_skips = max_skips
         self.last_scale: float | None = None
+        self.skips = 0  # steps the scaler skipped in a row
 
     def observe(self, record: Record) -> AlertRecord | None:
         skipped = self._scaler_skip(record)
         scale = num(record.get("scale"))
         if scale is not None:
             self.last_scale = scale
+        if record.get("opt_step") is not None:
+            self.skips = 0
+        elif skipped is not None:
+            self.skips += 1
         if skipped is not None and not self.active:
-            return skipped
+            if self.skips < self.max_skips:
+                return skipped
+            self.active, self.calm = True, 0
+            return alert_record(
+                self.id,
+                "critical",
+                record.get("step"),
+                f"the GradScaler skipped {self.skips} steps in a row (scale now {scale:g}): "
+                "the gradients are not finite at any scale it tried",
+                {"boundary": "grad", "scaler_skips": self.skips, "scale": scale},
+                "the loss or the model in fp16: a value past the fp16 range (bf16 or fp32 for that part), the lr",
+            )
         return super().observe(record)
 
     def _scaler_skip(self, record: Record) -> AlertRecord | None:
