@@ -45,7 +45,39 @@ def test_a_healthy_mlp_fits_and_the_callers_model_is_untouched(batch: tuple[torc
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     text = str(result)
     assert text.splitlines()[0].split() == ["step", "loss", "accuracy", "grad", "norm", "param", "delta"]
-    assert text.splitlines()[-1].startswith("PASSED: fits. The loss went from")
+    assert text.splitlines()[-2].startswith("PASSED: fits. The loss went from")
+    assert text.splitlines()[-1] == "optimizer: Adam(lr=0.01)"
+
+
+def test_the_seeds_own_example_fits_by_default():
+    # The README's 2-32-2 MLP with dropout on 32 separable points: 100% accuracy, a loss still falling at 1e-3.
+    torch.manual_seed(0)
+    x, y = separable(32, torch.Generator().manual_seed(0))
+    result = tuiwatch.overfit_one_batch(mlp(dropout=0.1), (x, y), ce)
+    assert (result.passed, result.reason, result.optimizer) == (True, "fits", "Adam(lr=0.001)")
+    assert "Accuracy is 100% from step" in result.explanation
+    assert "the loss is still falling" in result.explanation
+
+
+def test_the_users_optimizer_is_followed_with_weight_decay_0():
+    torch.manual_seed(0)
+    x, y = separable(32, torch.Generator().manual_seed(0))
+    model = mlp()
+    user = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.5)
+    result = tuiwatch.overfit_one_batch(model, (x, y), ce, optimizer=user)
+    assert (result.reason, result.optimizer, result.tried) == ("fits", "SGD(lr=0.1)", [])
+    assert user.param_groups[0]["weight_decay"] == 0.5  # the user's optimizer is not touched
+
+
+def test_without_an_optimizer_the_lr_search_says_what_it_tried():
+    torch.manual_seed(0)
+    x = torch.randn(32, 4)
+    y = (x @ torch.randn(4, 1)) * 3  # a regression: no accuracy, the loss must fall 10x
+    model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 1))
+    result = tuiwatch.overfit_one_batch(model, (x, y), nn.functional.mse_loss)
+    assert (result.reason, result.optimizer) == ("fits", "Adam(lr=0.01)")
+    assert result.tried == ["Adam(lr=0.001): slow-progress"]
+    assert str(result).splitlines()[-1] == "optimizer: Adam(lr=0.01) (before it: Adam(lr=0.001): slow-progress)"
 
 
 def test_a_detached_graph_is_zero_gradients_naming_the_parameters(batch: tuple[torch.Tensor, torch.Tensor]):
@@ -99,7 +131,7 @@ def test_publish_streams_the_steps_as_a_run(
     batch: tuple[torch.Tensor, torch.Tensor], tmp_path: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
 ):
     monkeypatch.chdir(tmp_path)
-    result = tuiwatch.overfit_one_batch(nn.Sequential(nn.Linear(2, 2)), batch, ce, steps=20, publish=True)
+    result = tuiwatch.overfit_one_batch(nn.Sequential(nn.Linear(2, 2)), batch, ce, steps=20, lr=1e-2, publish=True)
     (ledger,) = tmp_path.glob("runs/overfit-Sequential-*/ledger.jsonl")
     steps = [r for r in tuiwatch.read_ledger(ledger) if r["kind"] == "step"]
     assert [r["loss"] for r in steps] == result.losses

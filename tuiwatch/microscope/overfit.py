@@ -21,6 +21,8 @@ OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
 FIT_FACTOR = 10.0  # the loss must fall at least this many times
 FLAT_FACTOR = 0.9  # a final loss above this share of the first is flat
+# Without an optimizer of the user's, Adam at these lrs in turn, until one fits: 1e-3 is slow on small models.
+SEARCH_LRS = (1e-3, 1e-2, 1e-1)
 
 
 @dataclass
@@ -36,6 +38,8 @@ class OverfitResult:
     accuracies: list[float | None] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
     param_deltas: list[float] = field(default_factory=list)
+    optimizer: str = ""  # the optimizer class and lr the verdict was reached with, e.g. "Adam(lr=0.01)"
+    tried: list[str] = field(default_factory=list)  # the lr search's earlier attempts: "Adam(lr=0.001): slow-progress"
 
     def __str__(self) -> str:
         lines = [f"{'step':>5}  {'loss':>10}  {'accuracy':>8}  {'grad norm':>10}  {'param delta':>11}"]
@@ -50,6 +54,7 @@ class OverfitResult:
                 f"{grad:>10.3g}  {delta:>11.3g}"
             )
         lines.append(f"{'PASSED' if self.passed else 'FAILED'}: {self.reason}. {self.explanation}")
+        lines.append(f"optimizer: {self.optimizer}" + (f" (before it: {'; '.join(self.tried)})" if self.tried else ""))
         return "\n".join(lines)
 
 
@@ -95,26 +100,72 @@ def overfit_one_batch(
     steps: int = 200,
     lr: float | None = None,
     publish: bool = False,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> OverfitResult:
     """Train a copy of ``model`` on ``batch`` alone for ``steps`` steps; say whether and how it fails to fit.
 
-    ``optimizer_factory(params)`` builds the optimizer (default: Adam, lr 1e-3);
-    ``lr`` overrides every group's lr; weight decay is set to 0 and dropout to
-    p=0. With ``publish=True`` the steps stream to the viewer as a run named
-    ``overfit-<Model>``.
+    The optimizer: ``optimizer`` (the user's: its class and first group's
+    settings, on the copy), else ``optimizer_factory(params)``, else Adam at
+    1e-3, 1e-2 and 1e-1 in turn until one fits (the result says which, and
+    what the others gave). ``lr`` overrides every group's lr; weight decay is
+    set to 0 and dropout to p=0. With ``publish=True`` the steps stream to the
+    viewer as a run named ``overfit-<Model>``.
     """
+    if optimizer is not None and optimizer_factory is not None:
+        raise ValueError("overfit_one_batch takes optimizer= or optimizer_factory=, not both")
+    inputs, targets = _split(batch)
+    if optimizer is not None:
+        factory: OptimizerFactory = _like(optimizer)
+    elif optimizer_factory is not None:
+        factory = optimizer_factory
+    else:
+        tried: list[str] = []
+        for i, search_lr in enumerate((lr,) if lr is not None else SEARCH_LRS):
+            result = _attempt(model, inputs, targets, loss_fn, _adam(search_lr), steps, None, publish)
+            last = i == len(SEARCH_LRS) - 1 or lr is not None
+            # Only a loss that falls too slowly or not at all can be an lr matter; the other verdicts are not.
+            if result.passed or last or result.reason not in ("slow-progress", "loss-flat-with-changing-parameters"):
+                result.tried = tried
+                return result
+            tried.append(f"{result.optimizer}: {result.reason}")
+        raise AssertionError("unreachable")
+    return _attempt(model, inputs, targets, loss_fn, factory, steps, lr, publish)
+
+
+def _adam(lr: float) -> OptimizerFactory:
+    return lambda params: torch.optim.Adam(params, lr=lr)
+
+
+def _like(optimizer: torch.optim.Optimizer) -> OptimizerFactory:
+    """The user's optimizer class with its first group's settings, for the copy's parameters."""
+    group = optimizer.param_groups[0]
+    settings = {k: group[k] for k in optimizer.defaults if k in group}
+    return lambda params: type(optimizer)(params, **settings)
+
+
+def _attempt(
+    model: nn.Module,
+    inputs: Any,
+    targets: Any,
+    loss_fn: LossFn,
+    factory: OptimizerFactory,
+    steps: int,
+    lr: float | None,
+    publish: bool,
+) -> OverfitResult:
     net = copy.deepcopy(model)
     net.train()
     _no_dropout(net)
-    params = list(net.parameters())
-    optimizer = optimizer_factory(params) if optimizer_factory else torch.optim.Adam(params, lr=1e-3)
+    optimizer = factory(list(net.parameters()))
     for group in optimizer.param_groups:
         if "weight_decay" in group:
             group["weight_decay"] = 0.0
         if lr is not None:
             group["lr"] = lr
-    inputs, targets = _split(batch)
-    result = OverfitResult(passed=False, reason="", explanation="")
+    lrs = sorted({g.get("lr") for g in optimizer.param_groups}, key=str)
+    result = OverfitResult(
+        passed=False, reason="", explanation="", optimizer=f"{type(optimizer).__name__}(lr={', '.join(map(str, lrs))})"
+    )
     watch = None
     if publish:
         from tuiwatch.publisher.watch import Watch
@@ -221,17 +272,30 @@ def _judge(result: OverfitResult) -> tuple[str, str]:
         + (f", accuracy {acc:.0%}" if acc is not None else "")
         + f" in {len(result.losses)} steps."
     )
+    works = " The path data → model → loss → gradients → optimizer → parameters works."
     if ratio >= FIT_FACTOR and (acc is None or acc == 1.0):
-        return "fits", evidence + " The path data → model → loss → gradients → optimizer → parameters works."
+        return "fits", evidence + works
+    perfect = _perfect_since(result.accuracies)
+    if perfect is not None and last <= 0.5 * first and last <= min(result.losses[: len(result.losses) // 2]):
+        # Every example right, and the loss still falling: fitting, only not yet to a small loss.
+        return "fits", evidence + f" Accuracy is 100% from step {perfect} and the loss is still falling." + works
     if last >= FLAT_FACTOR * first:
         return "loss-flat-with-changing-parameters", evidence + (
             " The parameters change but the loss does not follow: the loss and the output disagree (an extra "
             "softmax before CrossEntropyLoss, targets of the wrong kind or order), or the lr is far too small."
         )
     return "slow-progress", evidence + (
-        f" It falls, but not {FIT_FACTOR:.0f}x: try more steps or a larger lr; if it stalls, check the labels and "
-        "the output/loss contract."
+        f" It falls, but not {FIT_FACTOR:.0f}x and not to 100% accuracy: no link is broken, but one batch is not "
+        "fitted yet: more steps or a larger lr; if it stalls, check the labels and the output/loss contract."
     )
+
+
+def _perfect_since(accuracies: list[float | None]) -> int | None:
+    """The step from which accuracy stayed at 100% to the end, if it did."""
+    since = None
+    for i, acc in enumerate(accuracies):
+        since = (i if since is None else since) if acc == 1.0 else None
+    return since
 
 
 def _norm(tensors: list[torch.Tensor]) -> float:
