@@ -13,26 +13,40 @@ import sys
 import time
 from pathlib import Path
 
+from tuiwatch.demo import style_matrix
 from tuiwatch.demo.matrix import all_rows, as_markdown
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "rules.md"
 START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
+STYLES_START, STYLES_END = "<!-- styles:start -->", "<!-- styles:end -->"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="do not touch the docs")
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per style and schedule (default 5)")
     args = parser.parse_args()
     started = time.monotonic()
     faults, healthy = all_rows()
     table = as_markdown(faults, healthy)
     print(table)
+    styled, planted = style_matrix.run(range(args.seeds), progress=lambda line: print(line, file=sys.stderr))
+    styles_table = style_matrix.as_markdown(styled, planted, args.seeds)
+    print("\n" + styles_table)
     print(f"\n({time.monotonic() - started:.0f} s)")
     bad = [r.run for r in faults if r.first(r.expected or "") is None] + [r.run for r in healthy if r.alerts]
+    bad += [f"{h.style}/{h.schedule}/{h.seed}" for h in styled if h.alerts]
+    bad += [f"{p.fault} in {p.style}" for p in planted if p.delay is None]
     if not args.check:
         text = DOC.read_text()
-        body = f"{START}\n{table}\n{END}"
-        DOC.write_text(re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: body, text, flags=re.S))
+        for start, end, body in ((START, END, table), (STYLES_START, STYLES_END, styles_table)):
+            text = re.sub(
+                re.escape(start) + ".*?" + re.escape(end),
+                lambda _, b=body, s=start, e=end: f"{s}\n{b}\n{e}",
+                text,
+                flags=re.S,
+            )
+        DOC.write_text(text)
     if bad:
         print(f"not as expected: {', '.join(bad)}", file=sys.stderr)
     return 1 if bad else 0

@@ -14,8 +14,9 @@ class DataBound(Rule):
 
     Time-weighted, not a count of steps: with one slow worker or shard, every
     third batch waits 130 ms and the others 1 ms; that is 90 % of the time in
-    a third of the steps. The window's single longest wait is left out (one
-    slow batch at an epoch start is not a slow loader), and the share does
+    a third of the steps. The window's longest waits (a tenth of its steps)
+    are left out (an epoch start, where every loader worker starts up, is
+    not a slow loader), and the share does
     not depend on how fast the machine computes, only on where the time goes.
     A mean wait under ``min_wait_s`` per step is not
     worth a worker, whatever its share of a tiny step. When the steps that do
@@ -53,8 +54,9 @@ class DataBound(Rule):
         share = self.wait / self.total
         if share <= self.clear_share:
             return share
-        # Without the window's longest wait: one slow batch (an epoch start, a cache miss) is not a slow loader.
-        longest = max(w for _, w, _ in self.recent)
+        # Without the window's longest waits (a tenth of its steps): an epoch start, where each loader worker
+        # starts up, or a cache miss, is not a slow loader.
+        longest = sum(sorted((w for _, w, _ in self.recent), reverse=True)[: max(1, self.window // 10)])
         return (self.wait - longest) / (self.total - longest) if self.total > longest else 0.0
 
     def _pattern(self) -> tuple[str, int | None]:

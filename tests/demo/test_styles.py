@@ -1,0 +1,46 @@
+"""A fast subset of the loop-style matrix (docs/rules.md): each style healthy once, a few faults planted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tuiwatch.demo.style_matrix import Planted
+from tuiwatch.demo.styles import FAULTS, STYLES, run_style
+
+pytestmark = pytest.mark.integration  # real trainings; the iterable style starts loader workers
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_each_style_trains_healthy_without_an_alert(style: str, run_root: Path):
+    records, _ = run_style(style, "warmup_cosine", 0, steps=400, run_dir=run_root)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert len(steps) == 400
+    assert steps[-1]["loss"] < steps[0]["loss"]  # it learns
+    alerts = [(r["rule"], r["step"]) for r in records if r["kind"] == "alert" and r["severity"] != "info"]
+    assert alerts == []
+
+
+@pytest.mark.parametrize(
+    ("style", "fault"),
+    [("dict", "nan-input"), ("accumulate", "lr-zero"), ("get_batch", "eval-train-mode"), ("autocast", "wrong-units")],
+)
+def test_a_planted_fault_is_named_first_soon_after_its_onset(style: str, fault: str, run_root: Path):
+    records, onset = run_style(style, "step_decay", 0, steps=400, run_dir=run_root, fault=fault)
+    assert onset is not None
+    alerts = [(str(r["rule"]), r["step"]) for r in records if r["kind"] == "alert" and r["severity"] != "info"]
+    planted = Planted(style, fault, onset, alerts)
+    assert planted.named_first == FAULTS[fault]
+    assert planted.delay is not None
+    assert planted.delay <= 100  # eval-mode waits for the next validation, every 100 steps
