@@ -316,6 +316,16 @@ def test_overfit_fires_when_eval_rises_while_train_falls_and_clears_on_a_new_bes
     assert fired(noisy, "overfit") == []
 
 
+def test_overfit_is_quiet_when_the_training_loss_only_wanders():
+    # A constant-lr plateau: per-batch losses around 0.31 (sd 0.1), the eval loss wandering 0.32-0.38.
+    rng = random.Random(2)  # noqa: S311 - reproducible noise, not a secret
+    records: list[dict[str, Any]] = []
+    for k, value in enumerate([0.36, 0.36, 0.35, 0.38, 0.37, 0.37, 0.323, 0.332, 0.358, 0.38]):
+        records += [step(100 * k + i, loss=0.315 - 0.0007 * k + rng.gauss(0, 0.1)) for i in range(100)]
+        records.append({"kind": "eval", "t": 0.0, "step": 100 * k + 99, "val_loss": value})
+    assert fired(records, "overfit") == []
+
+
 def test_straggler_names_the_slow_rank():
     records = [step(i, rank=r, compute_s=0.05 if r == 2 else 0.01) for i in range(30) for r in range(4)]
     alerts = Diagnosis(["straggler"]).run(records)

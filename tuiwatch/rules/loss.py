@@ -245,22 +245,26 @@ class Overfit(Rule):
     field with "loss" in its name) and the mean of the last ``train_window``
     training losses at each eval. Fires when the eval loss rose on ``rises``
     evals in a row, ends more than ``margin`` above its best, and the training
+    loss fell since that best eval by more than its own noise (``z`` standard
+    errors of the two means: a noisy loss that wanders 2 % lower is not
+    "falling"), and the training
     loss is lower than it was at that best eval. Clears at a new best eval loss.
     """
 
     id = "overfit"
     kinds = ("step", "eval")
 
-    def __init__(self, rises: int = 3, margin: float = 0.05, train_window: int = 20):
+    def __init__(self, rises: int = 3, margin: float = 0.05, train_window: int = 100, z: float = 3.0):
         super().__init__()
         self.rises_needed, self.margin = rises, margin
         self.train: deque[float] = deque(maxlen=train_window)
-        self.best: tuple[float, float] | None = None  # (eval loss, train loss then)
+        self.z = z
+        self.best: tuple[float, float, float] | None = None  # (eval loss, train loss then, its standard error)
         self.last_eval: float | None = None
         self.rises = 0
 
-    def _eval(self, record: Record) -> tuple[float, float] | None:
-        """Fold a record in; for an eval record with a loss, return (eval loss, train loss now)."""
+    def _eval(self, record: Record) -> tuple[float, float, float] | None:
+        """Fold a record in; for an eval record with a loss: (eval loss, train loss now, its standard error)."""
         if record.get("kind") == "step":
             loss = num(record.get("loss"))
             if loss is not None and math.isfinite(loss):
@@ -273,20 +277,22 @@ class Overfit(Rule):
         if value is None or not math.isfinite(value) or not self.train:
             return None
         train = statistics.fmean(self.train)
+        error = statistics.stdev(self.train) / math.sqrt(len(self.train)) if len(self.train) > 1 else 0.0
         self.rises = self.rises + 1 if self.last_eval is not None and value > self.last_eval else 0
         self.last_eval = value
-        return value, train
+        return value, train, error
 
     def check(self, record: Record) -> AlertRecord | None:
         point = self._eval(record)
         if point is None:
             return None
-        value, train = point
+        value, train, error = point
         if self.best is None or value < self.best[0]:
             self.best = point
             return None
-        best, train_at_best = self.best
-        if self.rises < self.rises_needed or value <= best * (1 + self.margin) or train >= train_at_best:
+        best, train_at_best, error_at_best = self.best
+        noise = self.z * math.hypot(error, error_at_best)
+        if self.rises < self.rises_needed or value <= best * (1 + self.margin) or train >= train_at_best - noise:
             return None
         return alert_record(
             self.id,
@@ -299,6 +305,8 @@ class Overfit(Rule):
                 "best_eval_loss": best,
                 "train_loss": train,
                 "train_loss_at_best": train_at_best,
+                "train_noise": noise,
+                "train_window": len(self.train),
                 "rises": self.rises,
             },
             "regularise (dropout, weight decay, augmentation), stop early at the best eval, more data",
