@@ -130,6 +130,8 @@ def run_style(
     """Train; the run's ledger records, and the step the fault began at (None for a healthy run)."""
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}: one of {', '.join(STYLES)}")
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}: one of {', '.join(FAULTS)}")
     rng = random.Random(seed)  # noqa: S311 - where to plant a fault, not a secret
     plan = Plan(fault, fault_step if fault_step is not None else rng.randrange(steps // 4, steps // 2))
     torch.manual_seed(seed)
