@@ -43,7 +43,7 @@ def _alerts(ledger: Sequence[Record]) -> list[tuple[str, int | None, str]]:
 
 def fault_row(name: str, run_dir: Path, steps: int = 1000) -> Row:
     module = scenario(name)
-    outcome = module.run(steps=steps, run_dir=run_dir)
+    outcome = module.run(steps=getattr(module, "STEPS", steps), run_dir=run_dir)
     ledger = list(read_ledger(outcome.watch.run_dir or ""))
     ended = type(outcome.error).__name__ if outcome.error else "finished"
     return Row(name, module.RULE, outcome.steps, ended, _alerts(ledger))

@@ -3,9 +3,9 @@
 ``losses.append(loss)`` instead of ``loss.item()``, with
 ``backward(retain_graph=True)`` (added once to silence "Trying to backward
 through the graph a second time"), keeps every step's activations alive: the
-process grows by about 0.25 MB a step. Expected:
-``memory-growth`` on the RSS series, about 25 system samples in (the demo
-samples every 0.25 s to make that 6 s).
+process grows by about 0.25 MB a step. Expected: ``memory-growth`` on the
+RSS series within about 1,000 steps: the rule judges the last half of the
+run, over at least 200 steps, so the matrix runs this one for 1,500.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from tuiwatch.demo.problems import loader, mlp, seeded_problem
 
 RULE = "memory-growth"
 STARTS = 0
+STEPS = 1500  # the rule matrix's run length for this fault (docs/rules.md)
 
 
 def keep_the_graph(outcome: Outcome, loss: torch.Tensor) -> bool:
