@@ -136,9 +136,7 @@ class Watch:
         )
         tracker.scaler = scaler
         if saved is not None:
-            resume.restore(saved, self._parts, tracker)
-            self.extra_state = saved.extra  # the loop's own state, back (then its own again)
-            self._resume = resume.without_weights(saved)
+            self._load(saved)
         dumps = DumpWriter(self.run_dir, self.seed, tracker.recent)
         self._commands = CommandRunner(tracker, dumps, self.checkpoint_state, stop_mode=stop)
         self._failures = Failures(tracker, dumps, model, on_nonfinite=on_nonfinite, close=self.close)
@@ -340,11 +338,14 @@ class Watch:
         """
         ckpt = load_checkpoint(path)
         resume.check_parts(ckpt, self._parts)
-        resume.restore(ckpt, self._parts, self._tracker)
-        self.extra_state = ckpt.extra
-        self._resume = resume.without_weights(ckpt)
+        self._load(ckpt)
         self._pipeline.put({"kind": "resumed", "t": time.time(), "resumed_from": resume.link(ckpt)})
         return ckpt
+
+    def _load(self, ckpt: Checkpoint) -> None:
+        resume.restore(ckpt, self._parts, self._tracker)
+        self.extra_state = ckpt.extra  # the loop's own state, back (then its own again)
+        self._resume = resume.without_weights(ckpt)  # until batches() replays the data position
 
     @property
     def epoch(self) -> int:

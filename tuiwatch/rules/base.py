@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
+
+
+def top_lr(record: Record) -> float | None:
+    """The largest learning rate of a step record's param groups (None when it has none)."""
+    lr = record.get("lr")
+    return max((abs(v) for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
 
 
 class Rule:

@@ -8,7 +8,7 @@ from collections import deque
 
 from tuiwatch.ledger.fields import integer, num
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
-from tuiwatch.rules.base import Rule
+from tuiwatch.rules.base import Rule, top_lr
 
 
 class LossFrozen(Rule):
@@ -75,8 +75,7 @@ class LossChance(Rule):
         self.since_rise = 0  # steps with a known lr since it last rose
 
     def _schedule(self, record: Record) -> None:
-        lr = record.get("lr")
-        top = max((v for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
+        top = top_lr(record)
         if top is None:
             return
         self.since_rise = 0 if self.last_lr is not None and top > self.last_lr else self.since_rise + 1
@@ -174,8 +173,7 @@ class LossSpike(Rule):
         self.since_lr_rise = lr_hold
 
     def _lr_rose(self, record: Record) -> bool:
-        lr = record.get("lr")
-        top = max((v for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
+        top = top_lr(record)
         if top is not None:
             if self.last_lr is not None and top > 1.5 * self.last_lr:
                 self.since_lr_rise = 0

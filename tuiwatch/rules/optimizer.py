@@ -6,7 +6,7 @@ import math
 
 from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
-from tuiwatch.rules.base import Rule
+from tuiwatch.rules.base import Rule, top_lr
 
 
 class LrZero(Rule):
@@ -111,7 +111,7 @@ class NoUpdate(Rule):
         if not self._still(record):
             return None
         lr = record.get("lr")
-        top = max((abs(v) for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
+        top = top_lr(record)
         fallen = top is not None and top <= self.lr_fallen * self.peak_lr
         message = (
             f"gradients are nonzero (norm {record.get('grad_norm'):.3g}) but the parameters do not change "
