@@ -21,7 +21,9 @@ class DataBound(Rule):
     A mean wait under ``min_wait_s`` per step is not
     worth a worker, whatever its share of a tiny step. When the steps that do
     wait come at a regular interval, the evidence says so ("every 3rd batch
-    waits"), which points at one worker or shard rather than all of them.
+    waits"), which points at one worker or shard rather than all of them;
+    long waits scattered at no regular interval (a busy machine preempting
+    the process) do not fire.
     Clears when the share is under ``clear_share``.
     """
 
@@ -59,24 +61,31 @@ class DataBound(Rule):
         longest = sum(sorted((w for _, w, _ in self.recent), reverse=True)[: max(1, self.window // 10)])
         return (self.wait - longest) / (self.total - longest) if self.total > longest else 0.0
 
-    def _pattern(self) -> tuple[str, int | None]:
-        """How the waits are spread: every step, or every Nth (one slow worker or shard)."""
+    def _pattern(self) -> tuple[str, int | None, bool]:
+        """How the waits are spread, and whether that is a loader's: every step, or every Nth (one worker).
+
+        Scattered long waits are not: a process preempted on a busy machine
+        waits wherever it happens to be, and in a 1 ms step that is often the
+        loader's turn.
+        """
         waiting = [s for s, w, c in self.recent if s is not None and w > max(c, self.min_wait_s)]
-        if len(waiting) >= 3 and len(waiting) <= len(self.recent) // 2:
-            gaps = {b - a for a, b in pairwise(waiting)}
-            if len(gaps) == 1:
-                period = gaps.pop()
-                nth = {2: "2nd", 3: "3rd"}.get(period, f"{period}th")
-                return f"every {nth} batch waits: one slow worker or shard", period
         if len(waiting) > len(self.recent) // 2:
-            return "most batches wait: the loader as a whole is too slow", None
-        return "a few batches wait long: occasional slow batches", None
+            return "most batches wait: the loader as a whole is too slow", None, True
+        gaps = [b - a for a, b in pairwise(waiting)]
+        if len(gaps) >= 2:
+            period = max(set(gaps), key=gaps.count)
+            if period >= 2 and gaps.count(period) >= 0.8 * len(gaps):
+                nth = {2: "2nd", 3: "3rd"}.get(period, f"{period}th")
+                return f"every {nth} batch waits: one slow worker or shard", period, True
+        return "a few batches wait long, at no regular interval", None, False
 
     def check(self, record: Record) -> AlertRecord | None:
         share = self._push(record)
         if share is None or share <= self.share:
             return None
-        pattern, period = self._pattern()
+        pattern, period, steady = self._pattern()
+        if not steady:
+            return None
         return alert_record(
             self.id,
             "warning",
