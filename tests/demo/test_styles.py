@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tuiwatch.demo.style_matrix import Planted
+from tuiwatch.demo.style_matrix import Planted, alerts_seen
 from tuiwatch.demo.styles import FAULTS, STYLES, run_style
 
 pytestmark = pytest.mark.integration  # real trainings; the iterable style starts loader workers
@@ -33,14 +33,19 @@ def test_each_style_trains_healthy_without_an_alert(style: str, run_root: Path):
 
 
 @pytest.mark.parametrize(
-    ("style", "fault"),
-    [("dict", "nan-input"), ("accumulate", "lr-zero"), ("get_batch", "eval-train-mode"), ("autocast", "wrong-units")],
+    ("style", "fault", "within"),
+    [
+        ("dict", "nan-input", 0),
+        ("accumulate", "lr-zero", 10),
+        ("get_batch", "eval-train-mode", 100),  # eval-mode waits for the next validation, every 100 steps
+        ("autocast", "wrong-units", 3),  # a spike is judged 3 steps after it
+        ("plain", "shuffled-labels", 3),  # a loss back at chance for 4 steps
+    ],
 )
-def test_a_planted_fault_is_named_first_soon_after_its_onset(style: str, fault: str, run_root: Path):
+def test_a_planted_fault_is_named_first_soon_after_its_onset(style: str, fault: str, within: int, run_root: Path):
     records, onset = run_style(style, "step_decay", 0, steps=400, run_dir=run_root, fault=fault)
     assert onset is not None
-    alerts = [(str(r["rule"]), r["step"]) for r in records if r["kind"] == "alert" and r["severity"] != "info"]
-    planted = Planted(style, fault, onset, alerts)
+    planted = Planted(style, "step_decay", 0, fault, onset, alerts_seen(records))
     assert planted.named_first == FAULTS[fault]
     assert planted.delay is not None
-    assert planted.delay <= 100  # eval-mode waits for the next validation, every 100 steps
+    assert planted.delay <= within

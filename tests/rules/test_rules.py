@@ -201,9 +201,47 @@ def test_loss_spike_fires_on_one_bad_batch_and_not_on_a_noisy_loss():
     spiked = [dict(r) for r in noisy[:200]]
     spiked[150] = step(150, loss=40.0, batch_ids=[7, 8, 9])
     alerts = Diagnosis(["loss-spike"]).run(spiked)
-    assert [(a["step"], a["severity"]) for a in alerts] == [(150, "warning"), (153, "info")]
-    assert alerts[0]["evidence"]["batch_ids"] == [7, 8, 9]
-    assert alerts[0]["evidence"]["rule"] == "3 x the window's largest loss"
+    # Judged 3 steps later (one batch, or the run changed?), named at its own step; 3 ordinary losses clear it.
+    assert [(a["step"], a["severity"]) for a in alerts] == [(150, "warning"), (156, "info")]
+    evidence = alerts[0]["evidence"]
+    assert evidence["batch_ids"] == [7, 8, 9]
+    assert evidence["rule"] == "3 x the window's largest loss"
+    assert evidence["pattern"] == "one batch"
+    assert evidence["next_losses"] == [r["loss"] for r in noisy[151:154]]
+
+
+def test_loss_spike_tells_a_level_shift_from_one_batch_and_starts_over_from_the_new_level():
+    rng = random.Random(2)  # noqa: S311 - reproducible noise, not a secret
+    records = [step(i, loss=(1.0 if i < 300 else 9.0) + 0.3 * rng.random(), batch_ids=[i]) for i in range(600)]
+    alerts = [a for a in Diagnosis(["loss-spike"]).run(records) if a["severity"] != "info"]
+    assert [a["step"] for a in alerts] == [300]  # once: the new level is the run's new noise, not 300 spikes
+    assert alerts[0]["evidence"]["pattern"] == "level shift from this step"
+    assert "stayed up" in alerts[0]["message"]
+    assert alerts[0]["next_check"].startswith("what changed at this step")
+
+
+def test_a_loss_back_at_chance_mid_run_is_named_at_its_step_before_the_jump_it_makes():
+    rng = random.Random(3)  # noqa: S311 - reproducible noise, not a secret
+    chance = math.log(4)
+    # Learned (0.3-0.9), then labels that no longer follow the inputs from step 400: confidently wrong, then ~ln 4.
+    records = [
+        step(i, loss=0.3 + 0.6 * rng.random() if i < 400 else max(chance, 6.0 - 0.05 * (i - 400)) + 0.1 * rng.random())
+        for i in range(600)
+    ]
+    records[0]["classes"] = 4
+    alerts = [a for a in Diagnosis().run(records) if a["severity"] != "info"]
+    assert [(a["rule"], a["step"]) for a in alerts][:2] == [("loss-chance", 400), ("loss-spike", 400)]
+    evidence = alerts[0]["evidence"]
+    assert evidence["loss_before"] < 0.5 * chance
+    assert min(evidence["last_losses"]) >= chance
+    assert "from this step on" in alerts[0]["message"]
+
+
+def test_loss_chance_is_quiet_on_a_learned_loss_with_heavy_tails():
+    # A learned classifier (median ~0.1 ln C) with one batch in ten at 2 x ln C: never four in a row.
+    rng = random.Random(4)  # noqa: S311 - reproducible noise, not a secret
+    records = [step(i, loss=2.8 if i % 10 == 0 else 0.15 * rng.expovariate(1.0), classes=4) for i in range(3000)]
+    assert fired(records, "loss-chance") == []
 
 
 def test_loss_spike_is_quiet_on_heavy_tailed_noise_through_a_step_decay_and_catches_a_far_jump():

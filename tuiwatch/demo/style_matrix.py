@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tuiwatch.demo.styles import FAULTS, SCHEDULES, STYLES, run_style
 from tuiwatch.rules import REGISTRY
@@ -21,21 +21,35 @@ from tuiwatch.rules import REGISTRY
 NOT_PLANTED = {("autocast", "detached"): "GradScaler raises 'No inf checks were recorded' when no gradient arrives"}
 
 
+# Where a rule sits in the chain data → model → loss → …: among alerts about one step, the first broken link.
+CHAIN = {rule: i for i, rule in enumerate(REGISTRY)}
+
+
+class Seen(NamedTuple):
+    """A warning or critical alert: its rule, the step it names, and the last step the run had reached then."""
+
+    rule: str
+    step: int | None
+    at: int
+
+
 @dataclass
 class Healthy:
     style: str
     schedule: str
     seed: int
     steps: int
-    alerts: list[tuple[str, int | None]]  # warnings and criticals
+    alerts: list[Seen]
 
 
 @dataclass
 class Planted:
     style: str
+    schedule: str
+    seed: int
     fault: str
     onset: int
-    alerts: list[tuple[str, int | None]]
+    alerts: list[Seen]
 
     @property
     def rule(self) -> str:
@@ -43,22 +57,30 @@ class Planted:
 
     @property
     def delay(self) -> int | None:
-        """Steps from the onset to the expected rule's first alert at or after it."""
-        found = [s for r, s in self.alerts if r == self.rule and s is not None and s >= self.onset]
+        """Steps from the onset to when the expected rule's first alert about it was written."""
+        found = [a.at for a in self.alerts if a.rule == self.rule and a.step is not None and a.step >= self.onset]
         return found[0] - self.onset if found else None
 
     @property
     def named_first(self) -> str | None:
-        """The rule of the first alert (in ledger order) at or after the onset."""
-        return next((r for r, s in self.alerts if s is not None and s >= self.onset), None)
+        """The first broken link named: of the alerts about a step at or after the onset, the earliest step's,
+        and among one step's, the earliest in the chain (as the alert pane's newest-first order shows them)."""
+        after = [a for a in self.alerts if a.step is not None and a.step >= self.onset]
+        return min(after, key=lambda a: (a.step, CHAIN[a.rule])).rule if after else None
 
     @property
     def first(self) -> bool:
         return self.named_first == self.rule
 
 
-def _alerts(records: Sequence[dict[str, Any]]) -> list[tuple[str, int | None]]:
-    return [(str(r["rule"]), r.get("step")) for r in records if r.get("kind") == "alert" and r["severity"] != "info"]
+def alerts_seen(records: Sequence[dict[str, Any]]) -> list[Seen]:
+    seen, reached = [], 0
+    for r in records:
+        if r.get("kind") == "step":
+            reached = r["step"]
+        elif r.get("kind") == "alert" and r["severity"] != "info":
+            seen.append(Seen(str(r["rule"]), r.get("step"), reached))
+    return seen
 
 
 def run(
@@ -71,15 +93,17 @@ def run(
                 for seed in seeds:
                     records, _ = run_style(style, schedule, seed, steps=steps, run_dir=Path(tmp))
                     count = sum(r.get("kind") == "step" for r in records)
-                    healthy.append(Healthy(style, schedule, seed, count, _alerts(records)))
+                    healthy.append(Healthy(style, schedule, seed, count, alerts_seen(records)))
                     progress(f"healthy {style} {schedule} {seed}")
             for fault in FAULTS:
                 if (style, fault) in NOT_PLANTED:
                     continue
-                records, onset = run_style(style, "step_decay", 0, steps=steps, run_dir=Path(tmp), fault=fault)
-                assert onset is not None
-                planted.append(Planted(style, fault, onset, _alerts(records)))
-                progress(f"fault {style} {fault}")
+                # Each fault under each schedule, a different seed (so a different onset) for each.
+                for seed, schedule in enumerate(SCHEDULES):
+                    records, onset = run_style(style, schedule, seed, steps=steps, run_dir=Path(tmp), fault=fault)
+                    assert onset is not None
+                    planted.append(Planted(style, schedule, seed, fault, onset, alerts_seen(records)))
+                    progress(f"fault {style} {fault} {schedule}")
     return healthy, planted
 
 
@@ -87,15 +111,16 @@ def as_markdown(healthy: list[Healthy], planted: list[Planted], seeds: int) -> s
     steps = sum(h.steps for h in healthy)
     lines = [
         f"{len(healthy)} healthy runs ({len(STYLES)} loop styles × {len(SCHEDULES)} schedules × {seeds} seeds, "
-        f"{steps:,} steps) and {len(planted)} planted faults (each fault in each style, step decay, "
-        "onset at a seeded step in the run's second quarter).",
+        f"{steps:,} steps) and {len(planted)} planted faults (each fault in each style under each schedule, "
+        "onset at a seeded step in the run's second quarter). Steps onset → alert count to when the alert "
+        "was written (a loss spike is judged 3 steps after it, and names its own step).",
         "",
         "| rule | false alarms per 1,000 healthy steps | planted fault | named | named first | steps onset → alert "
         "(median, max) |",
         "|---|---|---|---|---|---|",
     ]
     for rule in REGISTRY:
-        false = sum(r == rule for h in healthy for r, _ in h.alerts)
+        false = sum(a.rule == rule for h in healthy for a in h.alerts)
         mine = [p for p in planted if p.rule == rule]
         delays = [p.delay for p in mine if p.delay is not None]
         fault = next((f for f, r in FAULTS.items() if r == rule), None)
@@ -108,15 +133,19 @@ def as_markdown(healthy: list[Healthy], planted: list[Planted], seeds: int) -> s
     lines.append("")
     lines.append(
         "Healthy runs with a warning or critical alert: "
-        + (", ".join(f"{h.style}/{h.schedule}/seed {h.seed}: {h.alerts[:3]}" for h in noisy) or "none")
+        + (", ".join(f"{h.style}/{h.schedule}/seed {h.seed}: {_named(h.alerts)}" for h in noisy) or "none")
         + "."
     )
     others = [p for p in planted if not p.first]
     if others:
         lines.append(
             "Planted faults another rule named first: "
-            + ", ".join(f"{p.fault} in {p.style} (first: `{p.named_first}`)" for p in others)
+            + ", ".join(f"{p.fault} in {p.style}/{p.schedule} (first: `{p.named_first}`)" for p in others)
             + "."
         )
     lines.append("Not planted: " + "; ".join(f"{f} in {s} ({why})" for (s, f), why in NOT_PLANTED.items()) + ".")
     return "\n".join(lines)
+
+
+def _named(alerts: list[Seen]) -> str:
+    return ", ".join(f"`{a.rule}`@{a.step}" for a in alerts[:3])

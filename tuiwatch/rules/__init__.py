@@ -21,13 +21,14 @@ from tuiwatch.rules.resources import MemoryGrowth, Oom, Straggler
 from tuiwatch.rules.values import NonFinite
 
 # Rule id → factory. Ids are public (SPEC §6); each factory takes its thresholds as keywords.
-# Listed in the order of the chain data → model → loss → gradients → optimizer → parameters, then the machine.
+# Listed in the order of the chain data → model → loss → gradients → optimizer → parameters, then the machine;
+# within a link, a named cause (loss at chance) before a symptom (a jump in the loss) seen at the same record.
 REGISTRY: dict[str, Callable[..., Rule]] = {
     "nonfinite": NonFinite,
     "data-bound": DataBound,
     "eval-mode": EvalMode,
-    "loss-spike": LossSpike,
     "loss-chance": LossChance,
+    "loss-spike": LossSpike,
     "loss-frozen": LossFrozen,
     "grad-explosion": GradExplosion,
     "grad-zero": GradZero,

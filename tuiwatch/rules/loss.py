@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from typing import Any
 
 from tuiwatch.ledger.fields import integer, num
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
@@ -53,23 +54,42 @@ class LossChance(Rule):
 
     C comes from the rule's ``classes`` threshold, else from the ``classes``
     field the publisher writes once (the last dimension of logits the output
-    names, or the width of a 2-D output); unknown C, no alert. The schedule
-    must have let the model learn: the lr has not risen for ``window`` steps
-    (a warm-up still climbing from 0 keeps the loss near ln(C) by design).
-    Fires when, after ``min_steps`` steps, the median of the last ``window``
-    losses is within ``tolerance`` of ln(C) and none of them went below
-    ``(1 - 2 * tolerance) * ln(C)``; clears when the median falls below that.
+    names, or the width of a 2-D output); unknown C, no alert.
+
+    Two ways to be at chance. Never learned: after ``min_steps`` steps, the
+    median of the last ``window`` losses is within ``tolerance`` of ln(C) and
+    none of them went below ``(1 - 2 * tolerance) * ln(C)``; the schedule must
+    have let the model learn (the lr has not risen for ``window`` steps: a
+    warm-up still climbing from 0 keeps the loss near ln(C) by design).
+    Learned, then lost it: the window's median was below ``learned`` × ln(C)
+    and the last ``jump`` losses are all at ln(C) or above (labels that stop
+    following the inputs mid-run), and the alert names the first of those
+    steps; no schedule or step count is needed, the model has shown it can
+    learn. Either clears when the median of the
+    losses since it fired (at least ``jump``, at most ``window``) falls below
+    ``(1 - 2 * tolerance) * ln(C)``.
     """
 
     id = "loss-chance"
 
-    def __init__(self, classes: int | None = None, window: int = 100, min_steps: int = 200, tolerance: float = 0.1):
+    def __init__(
+        self,
+        classes: int | None = None,
+        window: int = 100,
+        min_steps: int = 200,
+        tolerance: float = 0.1,
+        learned: float = 0.5,
+        jump: int = 4,
+    ):
         super().__init__()
         self.classes = classes
         self.source = "rules={'loss-chance': {'classes': ...}}" if classes is not None else None
         self.window, self.min_steps, self.tolerance = window, min_steps, tolerance
+        self.learned, self.jump = learned, jump
         self.recent: deque[float] = deque(maxlen=window)
+        self.steps: deque[object] = deque(maxlen=jump)  # the steps of the last `jump` losses
         self.seen = 0
+        self.since_fired = 0
         self.last_lr: float | None = None
         self.peak_lr = 0.0
         self.since_rise = 0  # steps with a known lr since it last rose
@@ -83,7 +103,7 @@ class LossChance(Rule):
         self.peak_lr = max(self.peak_lr, top)
 
     def _push(self, record: Record) -> float | None:
-        """The chance-level loss ln(C), once this record is in the window, C is known and the lr has settled."""
+        """The chance-level loss ln(C), once this record's loss is in the window and C is known."""
         if self.classes is None and integer(record.get("classes")) is not None:
             self.classes = record["classes"]
             self.source = "the model's output (its logits' last dimension, or a 2-D output's width)"
@@ -92,45 +112,77 @@ class LossChance(Rule):
         if loss is None or not math.isfinite(loss):
             return None
         self.recent.append(loss)
+        self.steps.append(record.get("step"))
         self.seen += 1
-        if self.classes is None or self.classes < 2 or self.seen < self.min_steps:
+        self.since_fired += 1
+        if self.classes is None or self.classes < 2:
             return None
-        if self.last_lr is not None and self.since_rise < self.window:
-            return None  # the lr is still rising (a warm-up): a loss near chance is expected
         return math.log(self.classes)
+
+    def _settled(self) -> bool:
+        """Enough steps, and no lr still rising (a warm-up): a loss near chance would be a fault."""
+        return self.seen >= self.min_steps and (self.last_lr is None or self.since_rise >= self.window)
+
+    def _never_learned(self, chance: float) -> bool:
+        median = statistics.median(self.recent)
+        return abs(median - chance) <= self.tolerance * chance and min(self.recent) >= (1 - 2 * self.tolerance) * chance
+
+    def _lost(self, chance: float) -> float | None:
+        """The median loss before the last ``jump`` steps, if it was learned and they are all at chance or above."""
+        values = list(self.recent)
+        before, last = values[: -self.jump], values[-self.jump :]
+        if len(before) < self.jump * 5 or min(last) < (1 - self.tolerance) * chance:
+            return None
+        median = statistics.median(before)
+        return median if median < self.learned * chance else None
 
     def check(self, record: Record) -> AlertRecord | None:
         chance = self._push(record)
         if chance is None:
             return None
-        median = statistics.median(self.recent)
-        if abs(median - chance) > self.tolerance * chance or min(self.recent) < (1 - 2 * self.tolerance) * chance:
+        before = self._lost(chance)
+        if before is None and not (self._settled() and self._never_learned(chance)):
             return None
-        schedule = (
-            "no lr in the records"
+        self.since_fired = 0
+        evidence: dict[str, Any] = {
+            "chance": chance,
+            "classes": self.classes,
+            "classes_from": self.source,
+            "schedule": "no lr in the records"
             if self.last_lr is None
-            else f"lr {self.last_lr:.3g}, not risen for {self.since_rise} steps (peak {self.peak_lr:.3g})"
-        )
+            else f"lr {self.last_lr:.3g}, not risen for {self.since_rise} steps (peak {self.peak_lr:.3g})",
+        }
+        step = record.get("step")
+        if before is not None:
+            last = list(self.recent)[-self.jump :]
+            step = self.steps[0]  # the alert names the step the loss went back to chance at
+            message = (
+                f"loss went back to chance level ln({self.classes}) = {chance:.3f} or above from this step on, "
+                f"{self.jump} steps (from a median of {before:.3f}): the model stopped predicting the labels"
+            )
+            evidence.update({"loss_before": before, "last_losses": last, "window": len(self.recent) - self.jump})
+        else:
+            median = statistics.median(self.recent)
+            message = (
+                f"loss {median:.3f} is at chance level ln({self.classes}) = {chance:.3f} "
+                f"(median of the last {len(self.recent)} steps)"
+            )
+            evidence.update({"loss_median": median, "window": len(self.recent)})
         return alert_record(
             self.id,
             "warning",
-            record.get("step"),
-            f"loss {median:.3f} is at chance level ln({self.classes}) = {chance:.3f} "
-            f"(median of the last {len(self.recent)} steps)",
-            {
-                "loss_median": median,
-                "chance": chance,
-                "classes": self.classes,
-                "classes_from": self.source,
-                "window": len(self.recent),
-                "schedule": schedule,
-            },
-            "the labels (shuffled? misaligned?), the output/loss contract (an extra softmax?), the lr",
+            step if isinstance(step, int) else None,
+            message,
+            evidence,
+            "the labels (shuffled? misaligned? a new shard?), the output/loss contract (an extra softmax?), the lr",
         )
 
     def clears(self, record: Record) -> bool:
         chance = self._push(record)
-        return chance is not None and statistics.median(self.recent) < (1 - 2 * self.tolerance) * chance
+        if chance is None:
+            return False
+        since = list(self.recent)[-max(self.since_fired, self.jump) :]
+        return statistics.median(since) < (1 - 2 * self.tolerance) * chance
 
 
 class LossSpike(Rule):
@@ -148,6 +200,14 @@ class LossSpike(Rule):
     is refreshed every ``refresh`` losses. Right after the lr rose by half
     or more (a warm restart), a higher loss is the schedule's: no spike for
     ``lr_hold`` steps.
+
+    A loss over the bar is judged ``confirm`` steps later, and the alert names
+    its step: if the median of those next losses is back in the window's range,
+    it was one batch (a spike); if they stayed up, the run changed at that step
+    (a level shift: new data, labels that no longer follow the inputs, broken
+    weights), and the alert says so, and the window starts over from the new
+    level. Waiting costs ``confirm`` steps; it keeps a shift to chance level
+    from being called one bad batch (loss-chance names that one).
     """
 
     id = "loss-spike"
@@ -161,16 +221,20 @@ class LossSpike(Rule):
         min_history: int = 30,
         refresh: int = 25,
         lr_hold: int = 10,
+        confirm: int = 3,
     ):
         super().__init__()
         self.recent: deque[float] = deque(maxlen=window)
         self.ratio, self.k, self.min_history = ratio, k, min_history
-        self.refresh, self.lr_hold = refresh, lr_hold
+        self.refresh, self.lr_hold, self.confirm = refresh, lr_hold, confirm
         self.bar: float | None = None
+        self.ordinary_top = 0.0  # the top of the window's ordinary range
         self.basis: dict[str, float | int | str] = {}
         self.added = 0
         self.last_lr: float | None = None
         self.since_lr_rise = lr_hold
+        self.pending: Record | None = None  # the record of a loss over the bar, awaiting its next losses
+        self.after: list[float] = []
 
     def _lr_rose(self, record: Record) -> bool:
         top = top_lr(record)
@@ -185,55 +249,77 @@ class LossSpike(Rule):
         values = list(self.recent)
         if min(values) >= 0:
             top = max(values)
-            self.bar = self.ratio * top
+            self.bar, self.ordinary_top = self.ratio * top, top
             self.basis = {"rule": f"{self.ratio:g} x the window's largest loss", "window_max": top}
         else:
             median = statistics.median(values)
             spread = max(statistics.median(abs(v - median) for v in values) * 1.4826, 0.01 * abs(median))
-            self.bar = median + self.k * spread
+            self.bar, self.ordinary_top = median + self.k * spread, median + 3 * spread
             self.basis = {"rule": f"median + {self.k:g} x MAD (the loss can be negative)", "mad": spread}
         self.basis["window"] = len(values)
 
-    def _spiked(self, record: Record) -> float | None:
-        """The loss if it is a spike; an ordinary loss joins the window."""
+    def _over(self, record: Record) -> bool | None:
+        """Whether this record's loss is over the bar; an ordinary loss joins the window. None: no loss."""
         loss = num(record.get("loss"))
         held = self._lr_rose(record)
         if loss is None or not math.isfinite(loss):
             return None
         if self.bar is not None and loss > self.bar and not held:
-            return loss
+            return True
         self.recent.append(loss)
         self.added += 1
         if len(self.recent) >= self.min_history and (self.bar is None or self.added % self.refresh == 0):
             self._refresh()
-        return None
+        return False
 
     def check(self, record: Record) -> AlertRecord | None:
-        loss = self._spiked(record)
-        if loss is None:
+        if self.pending is None:
+            if self._over(record):
+                self.pending, self.after = record, []
             return None
+        if self._over(record) is None:  # an ordinary loss after the spike still joins the window
+            return None
+        self.after.append(float(record["loss"]))
+        if len(self.after) < self.confirm:
+            return None
+        spike, self.pending = self.pending, None
+        after = statistics.median(self.after)
+        found = self._alert(spike, after)
+        if after > self.ordinary_top:
+            # The run changed at that step: the old window no longer describes its noise. Start over.
+            self.recent.clear()
+            self.bar, self.added = None, 0
+        return found
+
+    def _alert(self, spike: Record, after: float) -> AlertRecord:
+        loss = float(spike["loss"])
         median = statistics.median(self.recent)
-        ids = record.get("batch_ids")
+        shifted = after > self.ordinary_top
+        jumped = f"{loss / median:.1f}x its recent median {median:.4g}" if median > 0 else f"far above {median:.4g}"
+        ids = spike.get("batch_ids")
         return alert_record(
             self.id,
             "warning",
-            record.get("step"),
-            f"loss {loss:.4g} jumped to {loss / median:.1f}x its recent median {median:.4g}"
-            if median > 0
-            else f"loss {loss:.4g} jumped far above its recent median {median:.4g}",
+            spike.get("step"),
+            f"loss {loss:.4g} jumped to {jumped}"
+            + (f" and stayed up (median {after:.4g} over the next {len(self.after)} steps)" if shifted else ""),
             {
                 "loss": loss,
                 "median": median,
                 "bar": self.bar,
                 **self.basis,
+                "next_losses": list(self.after),
+                "pattern": "level shift from this step" if shifted else "one batch",
                 "batch_ids": ids[:64] if isinstance(ids, list) else None,
             },
-            "look at this batch (its ids are in the evidence and its tensors in the dump), then the lr",
+            "what changed at this step: the data (units, labels, a new shard) or the lr; this batch is in the dump"
+            if shifted
+            else "look at this batch (its ids are in the evidence and its tensors in the dump), then the lr",
         )
 
     def clears(self, record: Record) -> bool:
         # A spike is one step: ordinary losses end it.
-        return num(record.get("loss")) is not None and self._spiked(record) is None
+        return self._over(record) is False
 
 
 class Overfit(Rule):
