@@ -21,8 +21,8 @@ def test_text_from_a_run_is_made_literal():
 def test_numbers_sizes_and_durations_are_short():
     assert [number(v) for v in (0.012345, 1.5e-6, 123456.0, math.nan, math.inf, None, 42)] == [
         "0.01235",
-        "1.50e-06",
-        "123k",
+        "1.5e-6",
+        "123.5k",
         "nan",
         "inf",
         "-",

@@ -162,7 +162,7 @@ def test_report_summarises_a_ledger_as_text_and_json(socket_dir: Path):
 def test_viewer_commands_fail_in_one_line(socket_dir: Path, tmp_path: Path):
     cases = {
         ("replay", str(tmp_path / "nope")): f"tuiwatch: error: no ledger at {tmp_path / 'nope'}: give a ledger.jsonl "
-        "file or a run directory",
+        "file, a run directory or a directory of runs",
         ("attach",): "tuiwatch: error: no live runs on this host: start one (tuiwatch demo --no-viewer) or replay a "
         "ledger",
         ("attach", "resnet"): "tuiwatch: error: no live runs on this host: start one (tuiwatch demo --no-viewer) or "

@@ -104,6 +104,7 @@ def test_nan_input_stops_before_the_update_with_a_dump_of_the_batch_and_healthy_
     (alert,) = alerts(ledger, "nonfinite")
     assert 1234 in alert["evidence"]["batch_ids"]
     assert alert["evidence"]["dump"] == error.dump
+    assert alert["evidence"]["nonfinite_sample_ids"] == [1234]  # the alert names the bad sample, not only the dump
     assert ledger[-1]["kind"] == "end"
     assert ledger[-1]["reason"] == "nonfinite"
 

@@ -54,7 +54,16 @@ def test_nonfinite_names_the_first_failing_boundary_once_per_episode():
     alerts = Diagnosis(["nonfinite"]).run(records)
     assert [(a["step"], a["severity"]) for a in alerts] == [(4, "critical"), (6, "info")]
     assert alerts[0]["evidence"]["boundary"] == "loss"
-    assert alerts[0]["message"].startswith("first at step 4, boundary=loss")
+    assert alerts[0]["message"] == "first at step 4, boundary=loss (loss inf, grad norm nan)"
+    assert alerts[0]["next_check"].startswith("the loss: finite outputs gave a non-finite loss")
+
+
+def test_nonfinite_advice_follows_the_boundary_and_numbers_are_short():
+    bad_param = step(3, loss=0.1 + 0.2, grad_norm=1.0 / 3, finite={**FINITE, "param": False})
+    (alert,) = Diagnosis(["nonfinite"]).run([step(0), bad_param])
+    assert alert["message"] == "first at step 3, boundary=param (loss 0.3, grad norm 0.3333)"
+    assert alert["next_check"].startswith("the update: finite gradients made the weights non-finite")
+    assert "batch" not in alert["next_check"]
 
 
 def test_grad_explosion_fires_when_norm_grows_100x():

@@ -9,9 +9,12 @@ from typing import Any
 
 import orjson
 import pytest
+from rich.console import Group
+from rich.text import Text
 
 from tuiwatch.analysis.format import number
 from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.viewer.messages import SourceEnded, SourceProgress
 from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import Pane
 from tuiwatch.viewer.panes.header import HeaderBar
@@ -132,7 +135,7 @@ async def test_keys_change_the_window_full_screen_help_and_quit():
         await drawn(pilot)
         assert training.view is not None
         assert training.view.loss.window == 1000
-        assert "last 1,000 steps" in plain(training)
+        assert "last 1k" in plain(training)  # the long "last 1,000 steps" does not fit beside the values at 80 columns
         await pilot.press("w", "w")
         assert app.window_index == 0
         await pilot.press("tab")
@@ -158,13 +161,17 @@ async def test_a_disconnected_run_without_end_record():
 async def test_alerts_are_shown_newest_first_with_their_next_check():
     app = RecordingApp(FileSource(LEDGERS / "alerts.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
-        await until(pilot, lambda: app.state.status == "finished")
+        await until(pilot, lambda: app.state.status == "failed")
         await drawn(pilot)
         lines = plain(app.query_one(AlertsPane)).splitlines()
         assert lines[0] == "crit    120 nonfinite: first at step 120, boundary=grad (loss finite, grad norm inf)"
         assert lines[1] == "  → fix that boundary; dump saved"
-        assert lines[2] == "  dump: runs/demo-mlp-20261202-170000/dumps/120-nonfinite"
-        assert lines[3].startswith("warn     60 loss-spike: loss 0.41 is 9.3 sd")
+        assert lines[2] == "  dump:"
+        assert lines[3] == "runs/demo-mlp-20261202-170000/dumps/120-nonfinite"  # alone on its line: copied whole
+        assert lines[4].startswith("warn     60 loss-spike: loss 0.41 is 9.3 sd")
+        header = app.query_one(HeaderBar).render().plain  # type: ignore[union-attr]
+        assert "● stopped: nonfinite at step 120" in header  # not "finished"
+        assert "▲ nonfinite@120 (+1)" in header
 
 
 async def test_strings_from_a_run_are_shown_literally(tmp_path: Path):
@@ -256,3 +263,97 @@ async def test_replay_of_a_resumed_run_shows_it_from_its_first_step(tmp_path: Pa
         assert app.state.step == 8
         assert loss.current == 108.0
         assert app.state.run["run_id"] == "b"
+
+
+@pytest.mark.parametrize("size", [(60, 20), (80, 24), (120, 36), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_the_alerts_pane_and_the_status_are_never_off_screen(size: tuple[int, int]):
+    app = RecordingApp(FileSource(LEDGERS / "alerts.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.state.status == "failed")
+        await drawn(pilot)
+        alerts = app.query_one(AlertsPane)
+        width, height = size
+        assert alerts.region.bottom <= height - 1  # above the footer
+        assert alerts.content_region.height >= 3
+        assert plain(alerts).startswith("crit    120 nonfinite")
+        header = app.query_one(HeaderBar).render().plain  # type: ignore[union-attr]
+        assert "● stopped: nonfinite at step 120" in header
+        assert len(header) <= width
+        # q and ? survive in the footer at every width.
+        assert "quit" in app.export_screenshot()
+        assert "help" in app.export_screenshot()
+
+
+async def test_full_screen_gives_every_pane_the_whole_screen():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state.status == "finished")
+        for pane_type in (TrainingPane, TimingPane, MemoryPane, AlertsPane):
+            pane = app.query_one(pane_type)
+            pane.focus()
+            await pilot.press("f")
+            await drawn(pilot)
+            assert app.screen.maximized is pane
+            assert pane.region.width == 80, pane_type.__name__  # not wider than the screen, not narrower
+            assert pane.region.height >= 22, pane_type.__name__  # not timing's 8 rows: all but the footer
+            await pilot.press("f")
+            assert app.screen.maximized is None
+
+
+async def test_titles_show_the_last_steps_own_values_nan_included(tmp_path: Path):
+    records = [
+        {"kind": "run", "t": 1.0, "name": "r", "run_id": "x"},
+        *({"kind": "step", "t": 2.0 + i, "step": i, "loss": 1.0 / (i + 1), "lr": [0.1], "grad_norm": 2.0,
+           "grad_norm_clipped": False} for i in range(20)),
+        {"kind": "step", "t": 30.0, "step": 20, "loss": "nan", "lr": [0.1], "grad_norm": "inf",
+         "grad_norm_clipped": True},
+    ]  # fmt: skip
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.step == 20)
+        await drawn(pilot)
+        pane = app.query_one(TrainingPane)
+        rendered = pane.render()
+        assert isinstance(rendered, Group)
+        titles = [t for t in rendered.renderables if isinstance(t, Text) and "┤" not in t.plain]
+        loss_title = next(t for t in titles if t.plain.startswith("loss "))
+        grad_title = next(t for t in titles if t.plain.startswith("grad norm"))
+        assert loss_title.plain.startswith("loss nan")  # not 0.05, the last finite loss
+        assert grad_title.plain.endswith("inf clipped")  # the norm and the flag of one step
+        critical = pane.style_of("critical")
+        for title, value in ((loss_title, "nan"), (grad_title, "inf")):
+            start = title.plain.index(value)
+            assert any(s.start == start and s.style == critical for s in title.spans), title.plain
+
+
+async def test_a_replay_says_replay_and_the_runs_own_duration():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW + 10_000)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.status == "finished")
+        await drawn(pilot)
+        header = app.query_one(HeaderBar).render().plain  # type: ignore[union-attr]
+        records = list(read_ledger(LEDGERS / "healthy.jsonl"))
+        duration = int(records[-1]["t"] - records[0]["t"])
+        assert f"  {duration}s  " in header  # the run's own clock, not the 10,000 s since
+        assert "● finished" in header
+        assert "[replay]" in header
+        assert "live" not in header
+        assert app.loading is None
+
+
+def test_a_replay_reports_its_progress_and_opens_the_newest_run_of_a_directory(tmp_path: Path):
+    older, newer = tmp_path / "a-run", tmp_path / "b-run"
+    for run_dir, name in ((older, "healthy.jsonl"), (newer, "alerts.jsonl")):
+        run_dir.mkdir()
+        (run_dir / "ledger.jsonl").write_bytes((LEDGERS / name).read_bytes())
+    os.utime(older / "ledger.jsonl", (1, 1))
+    source = FileSource(tmp_path)
+    assert source.path == newer / "ledger.jsonl"
+    posted: list[Any] = []
+    source._run(posted.append)  # on this thread: the messages in the order a replay posts them
+    progress = [m.percent for m in posted if isinstance(m, SourceProgress)]
+    assert progress[-1] == 100
+    assert progress == sorted(progress)
+    assert isinstance(posted[-1], SourceEnded)

@@ -1,4 +1,4 @@
-"""What the user sees, as SVG snapshots: four runs at two terminal sizes.
+"""What the user sees, as SVG snapshots: four runs at four terminal sizes, from 60×20 to 200×60.
 
 ``gpu.jsonl`` is ``healthy.jsonl`` with the fields a CUDA run writes (device
 total, allocator bytes, NVML readings), made up: there is no GPU here.
@@ -20,10 +20,12 @@ from tuiwatch.viewer.sources import FileSource
 from ..viewer_helpers import FIXED_NOW, until
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
-CASES = {"healthy": "finished", "alerts": "finished", "killed": "disconnected", "gpu": "finished"}
+# healthy.jsonl has three evals; alerts.jsonl ends nonfinite; killed.jsonl has no end record.
+CASES = {"healthy": "finished", "alerts": "failed", "killed": "disconnected", "gpu": "finished"}
+SIZES = [(60, 20), (80, 24), (120, 36), (200, 60)]
 
 
-@pytest.mark.parametrize("size", [(80, 24), (120, 36)], ids=["80x24", "120x36"])
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
 @pytest.mark.parametrize("ledger", list(CASES))
 def test_viewer_snapshot(snap_compare: Any, ledger: str, size: tuple[int, int]) -> None:
     app = TuiwatchApp(FileSource(LEDGERS / f"{ledger}.jsonl"), clock=lambda: FIXED_NOW)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.viewer.state import RunState
 from tuiwatch.viewer.views import eval_metric
@@ -46,7 +48,26 @@ def test_alerts_are_newest_first_and_the_end_reason_is_kept():
         ("loss-spike", 60, "warning"),
     ]
     assert state.end_reason == "nonfinite"
-    assert state.status == "finished"
+    assert state.status == "failed"  # not "finished": the run stopped on a NaN
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"),
+    [
+        ("finished", "finished"),
+        ("stopped", "stopped"),
+        ("nonfinite", "failed"),
+        ("exception", "failed"),
+        ("killed", "failed"),
+    ],
+)
+def test_the_end_reason_decides_the_status(reason: str, status: str):
+    state = RunState()
+    state.apply_all([{"kind": "run", "t": 1.0, "name": "r"}, {"kind": "step", "t": 2.0, "step": 41}])
+    state.apply({"kind": "end", "t": 3.0, "reason": reason})
+    assert (state.status, state.end_reason) == (status, reason)
+    state.disconnected()  # the socket closing after the end record changes nothing
+    assert state.status == status
 
 
 def test_a_command_is_pending_until_its_action_arrives():

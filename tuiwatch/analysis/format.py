@@ -8,11 +8,13 @@ cannot format as ``-``.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
-from tuiwatch.ledger.fields import finite, is_number
+from tuiwatch.ledger.fields import finite
+from tuiwatch.ledger.numbers import fit, number, quantity
+
+__all__ = ["duration", "fit", "number", "percent", "quantity", "safe", "seconds_short", "size", "size_of", "with_unit"]
 
 # C0 and C1 controls (ESC starts CSI/OSC sequences; 0x9b is a one-byte CSI), DEL,
 # and the bidi overrides that can make text read differently from its bytes.
@@ -28,31 +30,6 @@ def safe(text: object, limit: int = 200) -> str:
     """
     s = _UNSAFE.sub("\ufffd", str(text))
     return s if len(s) <= limit else s[: limit - 1] + "…"
-
-
-def number(value: Any, digits: int = 4) -> str:
-    """A short human form: 0.0123, 1.23e-05, 12.3k, nan, -."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if not is_number(value):
-        return "-"
-    v = float(value)
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    if isinstance(value, int) and abs(value) < 100_000:
-        return str(value)
-    a = abs(v)
-    if a == 0:
-        return "0"
-    if a >= 1e5:
-        for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-            if a >= scale:
-                return f"{v / scale:.{max(digits - 1, 3)}g}{unit}"
-    if a < 1e-3:
-        return f"{v:.{max(digits - 2, 1)}e}"
-    return f"{v:.{digits}g}"
 
 
 def size(n_bytes: Any) -> str:

@@ -24,7 +24,27 @@ def add_parser(sub: Any) -> None:
         help="the run's <name>.<pid>.tcp from its socket directory (mode 0600), for the TCP mode",
     )
     add_remote_options(p)
+    add_fps_option(p)
     p.set_defaults(run=run)
+
+
+def _fps(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.5 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"--fps takes frames a second from 0.5 to 60, got {text!r}")
+    return value
+
+
+def add_fps_option(p: Any) -> None:
+    p.add_argument(
+        "--fps",
+        type=_fps,
+        default=10.0,
+        help="redraw at most this many times a second, and only when something changed (default 10)",
+    )
 
 
 def add_remote_options(p: Any) -> None:
@@ -53,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         from tuiwatch.viewer.sources import TcpSource
 
         check_tcp_target(over_tcp)
-        TuiwatchApp(TcpSource(over_tcp)).run()
+        TuiwatchApp(TcpSource(over_tcp), fps=args.fps).run()
         return 0
     remote = parse_remote(args.target, args.ssh, args.remote_tuiwatch)
     if remote is not None:
@@ -61,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
         from tuiwatch.viewer.sources import CommandSource
 
         chosen = choose_remote_run(remote)
-        TuiwatchApp(CommandSource(remote.argv("relay", str(chosen.pid)), f"{remote.host}:{chosen.name}")).run()
+        TuiwatchApp(
+            CommandSource(remote.argv("relay", str(chosen.pid)), f"{remote.host}:{chosen.name}"), fps=args.fps
+        ).run()
         return 0
     found = resolve_target(args.target)
     if isinstance(found, list):
@@ -77,5 +99,5 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(found.socket).exists():
         raise TuiwatchError(f"the run {found.name} went away before the viewer started")
-    TuiwatchApp(SocketSource(Path(found.socket), found.name, find_socket_by_name)).run()
+    TuiwatchApp(SocketSource(Path(found.socket), found.name, find_socket_by_name), fps=args.fps).run()
     return 0

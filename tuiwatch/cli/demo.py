@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuiwatch.cli.attach import add_fps_option
 from tuiwatch.errors import TuiwatchError
 
 # The scenario names, spelled here so that `demo --help` imports no torch (tuiwatch.demo.faults.FAULTS).
@@ -36,6 +37,10 @@ FAULT_NAMES = (
     "eval-train-mode",
     "corrupt-batch",
 )
+
+
+# The demo's training is the demo's own: quitting the demo ends it (on a run you attach to, q never does).
+DEMO_QUIT = "quit the demo: its training ends too (q never stops a run you attach to)"
 
 
 def add_parser(sub: Any) -> None:
@@ -59,6 +64,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--run-dir", default="runs", help="where the run directory goes (default ./runs)")
     p.add_argument("--no-viewer", action="store_true", help="only train and publish; print status lines")
+    add_fps_option(p)
     p.set_defaults(run=run)
 
 
@@ -134,7 +140,7 @@ def _train_and_view(args: argparse.Namespace) -> int:
                     raise TuiwatchError(f"the demo training did not start: {last[-1] if last else 'no output'}")
                 path = next((e.path for e in list_sockets(socket_dir()) if e.pid == child.pid), None)
                 time.sleep(0.05)  # waiting for another process to create its socket
-            TuiwatchApp(SocketSource(path, None)).run()
+            TuiwatchApp(SocketSource(path, None), fps=args.fps, quit_does=DEMO_QUIT).run()
         finally:
             if child.poll() is None:
                 os.kill(child.pid, signal.SIGINT)  # the demo ends its ledger with reason "stopped"
@@ -142,5 +148,8 @@ def _train_and_view(args: argparse.Namespace) -> int:
                     child.wait(5)
                 except subprocess.TimeoutExpired:
                     child.kill()
-    print(f"tuiwatch demo: the ledger is under {args.run_dir}/ (tuiwatch replay {args.run_dir}/<run>)")
+    print(
+        f"tuiwatch demo: q ended the demo's training; its ledger is under {args.run_dir}/ "
+        f"(tuiwatch replay {args.run_dir})"
+    )
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tuiwatch.cli.attach import add_fps_option
+
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
@@ -14,6 +16,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("path", help="ledger.jsonl or a run directory")
     p.add_argument("--follow", action="store_true", help="keep reading as the ledger grows")
+    add_fps_option(p)
     p.set_defaults(run=run)
 
 
@@ -21,5 +24,5 @@ def run(args: argparse.Namespace) -> int:
     from tuiwatch.viewer.app import TuiwatchApp
     from tuiwatch.viewer.sources import FileSource
 
-    TuiwatchApp(FileSource(args.path, follow=args.follow)).run()
+    TuiwatchApp(FileSource(args.path, follow=args.follow), fps=args.fps).run()
     return 0

@@ -12,14 +12,30 @@ from tuiwatch.ledger.records import Decoded
 LEDGER_NAME = "ledger.jsonl"
 
 
-def ledger_path(path: str | Path) -> Path:
-    """The ledger file for ``path``: the file itself, or ``ledger.jsonl`` in a run directory."""
+def ledger_path(path: str | Path, latest: bool = False) -> Path:
+    """The ledger file for ``path``: the file itself, ``ledger.jsonl`` in a run directory, or the one run in a
+    directory of runs (``runs/``). A directory of several runs: the newest when ``latest`` (replay), else a
+    one-line error that lists them (report, diff: which one is meant is not ours to guess)."""
     p = Path(path)
+    if p.is_dir() and not (p / LEDGER_NAME).is_file():
+        runs = sorted((d / LEDGER_NAME for d in p.iterdir() if (d / LEDGER_NAME).is_file()), key=_mtime)
+        if len(runs) == 1 or (runs and latest):
+            return runs[-1]
+        if runs:
+            names = ", ".join(r.parent.name for r in runs[-5:])
+            raise TuiwatchError(f"{path} holds {len(runs)} runs (newest: {names}): give one run directory")
     if p.is_dir():
         p = p / LEDGER_NAME
     if not p.is_file():
-        raise TuiwatchError(f"no ledger at {path}: give a ledger.jsonl file or a run directory")
+        raise TuiwatchError(f"no ledger at {path}: give a ledger.jsonl file, a run directory or a directory of runs")
     return p
+
+
+def _mtime(ledger: Path) -> float:
+    try:
+        return ledger.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 class LedgerReader:

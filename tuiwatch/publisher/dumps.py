@@ -124,6 +124,7 @@ def write_dump(
     records: Iterable[Record],
     seed: int | None,
     weights: dict[str, torch.Tensor] | None = None,
+    nonfinite_ids: list[int] | None = None,
 ) -> Path:
     """Write ``dumps/<step>-<reason>/`` atomically and return its path."""
     parent = run_dir / "dumps"
@@ -153,7 +154,7 @@ def write_dump(
             "step": step,
             "alert": alert,
             "batch_ids": batch_ids,
-            "nonfinite_sample_ids": nonfinite_samples(batch, batch_ids),
+            "nonfinite_sample_ids": nonfinite_ids if nonfinite_ids is not None else nonfinite_samples(batch, batch_ids),
             "env": environment(seed),
             "files": sorted(files),
         }
@@ -245,6 +246,10 @@ class DumpWriter:
             )
         held = self._weights
         weights = held[1] if held is not None and held[0] == step and reason == "nonfinite" else None
+        bad = nonfinite_samples(batch, ids) if reason == "nonfinite" and batch is not None else None
+        if bad is not None:
+            # The alert carries them too: a viewer over SSH shows which samples, without opening the dump.
+            found["evidence"]["nonfinite_sample_ids"] = bad[:64]
         path = str(
             write_dump(
                 self.run_dir,
@@ -256,6 +261,7 @@ class DumpWriter:
                 records=records,
                 seed=self.seed,
                 weights=weights,
+                nonfinite_ids=bad,
             )
         )
         self._last = (step, reason, path)

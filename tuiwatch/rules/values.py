@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 from tuiwatch.ledger.fields import num
+from tuiwatch.ledger.numbers import number
 from tuiwatch.ledger.records import FINITE_BOUNDARIES, AlertRecord, Record, alert_record
 from tuiwatch.rules.base import Rule
+
+# What to look at, by the first boundary that failed: the link of the chain that broke.
+ADVICE = {
+    "batch": "the data: this batch holds NaN/inf before the model ran; its samples' ids are in the evidence "
+    "(and the dump); check the dataset and transforms for them",
+    "forward": "the model: a finite batch gave a non-finite output; tuiwatch.first_nonfinite_module(model, batch) "
+    "on the dump names the layer (log/sqrt/division, fp16 overflow)",
+    "loss": "the loss: finite outputs gave a non-finite loss (log of 0, a division by 0, labels out of range, "
+    "an empty mask)",
+    "grad": "the gradients: a finite loss gave non-finite gradients; lower the lr, clip, use a GradScaler for fp16, "
+    "check custom backward functions",
+    "param": "the update: finite gradients made the weights non-finite; the lr, the optimizer's state "
+    "(Adam's eps, a stale momentum), weight decay",
+}
 
 
 class NonFinite(Rule):
@@ -94,9 +109,9 @@ class NonFinite(Rule):
             self.id,
             "critical",
             record.get("step"),
-            f"first at step {record.get('step')}, boundary={boundary} (loss {loss}, grad norm {norm})",
+            f"first at step {record.get('step')}, boundary={boundary} (loss {number(loss)}, grad norm {number(norm)})",
             evidence,
-            f"fix the {boundary} boundary: look at that batch's ids and what produces it",
+            ADVICE.get(boundary, f"the {boundary} boundary"),
         )
 
     def clears(self, record: Record) -> bool:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -15,7 +16,13 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer
 
 from tuiwatch.analysis.format import safe
-from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
+from tuiwatch.viewer.messages import (
+    RecordsReceived,
+    SourceConnected,
+    SourceDisconnected,
+    SourceEnded,
+    SourceProgress,
+)
 from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import WINDOWS, Pane, window_label
 from tuiwatch.viewer.panes.header import HeaderBar
@@ -23,11 +30,13 @@ from tuiwatch.viewer.panes.memory import MemoryPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
-from tuiwatch.viewer.screens.help import HelpScreen
+from tuiwatch.viewer.screens.help import QUIT, HelpScreen
 from tuiwatch.viewer.sources import Source
 from tuiwatch.viewer.state import RunState, describe_action
 from tuiwatch.viewer.views import build_views
 
+COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiwatch.tcss)
+DEFAULT_FPS = 10.0  # frames a second at most; a frame is drawn only when something changed
 READ_ONLY = "replay is read-only: commands need a live run (tuiwatch attach)"
 COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
 
@@ -35,22 +44,33 @@ COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
 class TuiwatchApp(App[None]):
     CSS_PATH = Path(__file__).with_name("tuiwatch.tcss")
     TITLE = "tuiwatch"
+    ENABLE_COMMAND_PALETTE = False  # its ^p would take the footer's room, and it offers nothing of ours
+    # The footer shows these in order and cuts the last at 60 or 80 columns: quit and help come first.
     BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "help", key_display="?"),
         Binding("c", "checkpoint", "checkpoint"),
         Binding("d", "dump", "dump"),
         Binding("p", "pause", "pause"),
         Binding("s", "stop", "stop"),
         Binding("w", "window", "window"),
         Binding("f", "fullscreen", "full"),
-        Binding("question_mark", "help", "help", key_display="?"),
-        Binding("q", "quit", "quit"),
     ]
 
-    def __init__(self, source: Source, *, clock: Callable[[], float] = time.time, refresh_s: float = 0.05):
+    def __init__(
+        self,
+        source: Source,
+        *,
+        clock: Callable[[], float] = time.time,
+        fps: float = DEFAULT_FPS,
+        quit_does: str = QUIT,
+    ):
         super().__init__()
+        self.quit_does = quit_does  # what q does, as help says it: the demo's q also ends its own training
         self.source = source
         self.clock = clock
-        self.refresh_s = refresh_s
+        self.refresh_s = 1.0 / fps
+        self.loading: int | None = None  # a replay's ledger still being read: percent
         self.state = RunState()
         self.window_index = 0
         self._dirty = True
@@ -72,7 +92,18 @@ class TuiwatchApp(App[None]):
                 yield AlertsPane()
         yield Footer()
 
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_layout()
+
+    def _fit_layout(self) -> None:
+        try:
+            body = self.query_one("#body")
+        except NoMatches:
+            return
+        body.set_class(self.size.height < COMPACT_BELOW_ROWS, "compact")
+
     def on_mount(self) -> None:
+        self._fit_layout()
         self.query_one(TrainingPane).focus()
         self.set_interval(self.refresh_s, self.redraw)
         self.source.start(self.post_message)
@@ -110,15 +141,22 @@ class TuiwatchApp(App[None]):
     def on_source_ended(self, message: SourceEnded) -> None:
         if self.state.status in ("live", "paused", "degraded", "connecting"):
             self.state.disconnected()  # the ledger ends without an end record: the run died
+        self.loading = None
+        self._dirty = True
+
+    def on_source_progress(self, message: SourceProgress) -> None:
+        self.loading = message.percent if message.percent < 100 else None
         self._dirty = True
 
     def redraw(self, force: bool = False) -> None:
-        """Push a view down to each pane (at most every refresh_s, and once a second for the clock).
+        """Push a view down to each pane (at most ``fps`` times a second; once a second for a live run's clock).
 
         A pane whose view is equal to the one it has does not redraw.
         """
         now = self.clock()
-        if not (self._dirty or force or int(now) != int(self._last_draw)):
+        # A live run's clock ticks once a second; an ended run or a replay draws only when something changed.
+        ticking = self.mode == "live" and self.state.live and int(now) != int(self._last_draw)
+        if not (self._dirty or force or ticking):
             return
         try:
             header = self.query_one(HeaderBar)
@@ -126,7 +164,9 @@ class TuiwatchApp(App[None]):
             return  # the timer fired while the screen is torn down at exit
         self._dirty = False
         self._last_draw = now
-        views = build_views(self.state, window=WINDOWS[self.window_index], now=now, mode=self.mode)
+        views = build_views(
+            self.state, window=WINDOWS[self.window_index], now=now, mode=self.mode, loading=self.loading
+        )
         header.view = views.header
         self.query_one(TrainingPane).view = views.training
         self.query_one(TimingPane).view = views.timing
@@ -194,4 +234,4 @@ class TuiwatchApp(App[None]):
         self.screen.maximize(pane)
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(self.quit_does))

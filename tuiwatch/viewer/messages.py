@@ -31,3 +31,11 @@ class SourceDisconnected(Message):
 
 class SourceEnded(Message):
     """A finite source (a ledger file without --follow) has given everything it has."""
+
+
+class SourceProgress(Message):
+    """How much of a ledger file a replay has read: the header shows it until the file is read."""
+
+    def __init__(self, percent: int) -> None:
+        super().__init__()
+        self.percent = percent

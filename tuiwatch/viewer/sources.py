@@ -25,7 +25,13 @@ from tuiwatch.ledger.chain import earlier_parts
 from tuiwatch.ledger.codec import DecodeError, decode
 from tuiwatch.ledger.reader import ledger_path
 from tuiwatch.ledger.records import Record
-from tuiwatch.viewer.messages import RecordsReceived, SourceConnected, SourceDisconnected, SourceEnded
+from tuiwatch.viewer.messages import (
+    RecordsReceived,
+    SourceConnected,
+    SourceDisconnected,
+    SourceEnded,
+    SourceProgress,
+)
 from tuiwatch.wire.protocol import LineSplitter, ProtocolError, command_line, connect
 from tuiwatch.wire.tcp import TcpTarget, connect_tcp, format_address
 
@@ -181,7 +187,7 @@ class FileSource:
     live = False
 
     def __init__(self, path: str | Path, follow: bool = False, poll_s: float = 0.1):
-        self.path = ledger_path(path)
+        self.path = ledger_path(path, latest=True)  # a directory of runs: its newest
         self.label = str(self.path)
         self.follow = follow
         self.poll_s = poll_s
@@ -198,13 +204,20 @@ class FileSource:
             if earlier.records:
                 post(RecordsReceived(earlier.records))
             with open(self.path, "rb") as f:
+                total = max(os.fstat(f.fileno()).st_size, 1)
+                loading = True
                 while not self._stop.is_set():
                     data = f.read(1 << 20)
                     if data:
                         batcher.feed(data)
                         batcher.flush()
+                        if loading:
+                            post(SourceProgress(min(99, f.tell() * 100 // total)))
                         continue
                     batcher.flush(force=True)
+                    if loading:
+                        post(SourceProgress(100))  # what was there at the start is read; --follow goes on
+                        loading = False
                     if not self.follow:
                         break
                     self._stop.wait(self.poll_s)

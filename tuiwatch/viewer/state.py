@@ -21,6 +21,7 @@ from tuiwatch.viewer.render.series import Series
 MAX_ALERTS = 200
 MAX_METRICS = 32  # distinct user metrics charted; more are not kept
 LIVE_STATUSES = ("live", "paused", "degraded", "connecting")
+ENDED = ("finished", "stopped", "failed")  # the run wrote its end record
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Alert:
     next_check: str = ""
     t: float = 0.0
     dump: str = ""  # the dump directory the alert's evidence names
+    samples: tuple[int, ...] = ()  # the ids of the batch's samples that hold NaN/inf, when the run found them
 
 
 def describe_action(r: Record, action: str) -> str:
@@ -149,6 +151,7 @@ class RunState:
                 next_check=str(r.get("next_check") or ""),
                 t=num(r.get("t")) or 0.0,
                 dump=str(evidence.get("dump") or "") if isinstance(evidence, dict) else "",
+                samples=_ids(evidence.get("nonfinite_sample_ids")) if isinstance(evidence, dict) else (),
             )
         )
 
@@ -169,12 +172,13 @@ class RunState:
 
     def _end(self, r: Record) -> None:
         self.end_reason = str(r.get("reason", "finished"))
-        self.status = "stopped" if self.end_reason == "stopped" else "finished"
+        # "stopped" is a stop someone asked for; any other reason but "finished" is the run failing.
+        self.status = {"finished": "finished", "stopped": "stopped"}.get(self.end_reason, "failed")
 
     # --- events from the source and the user -------------------------------------
 
     def disconnected(self) -> None:
-        if self.status not in ("finished", "stopped"):
+        if self.status not in ENDED:
             self.status = "disconnected"
 
     def command_sent(self, cmd_id: int, cmd: str) -> None:
@@ -202,8 +206,12 @@ class RunState:
         started = started if started is not None else self.first_t
         if started is None:
             return None
-        end = self.last_t if self.status in ("finished", "stopped", "disconnected") or now is None else now
+        end = self.last_t if self.status in (*ENDED, "disconnected") or now is None else now
         return None if end is None else end - started
+
+
+def _ids(value: object) -> tuple[int, ...]:
+    return tuple(i for i in value[:64] if type(i) is int) if isinstance(value, list) else ()
 
 
 def _add_metrics(series: dict[str, Series], r: Record, skip: Iterable[str], step: int) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuiwatch.ledger.fields import finite, integer, num
+from tuiwatch.ledger.records import Record
 from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.state import Alert, RunState
 
@@ -26,10 +27,11 @@ class Line:
     series: Series  # compared by identity: a new connection's series is another line
     points: int  # the series' point count when the view was made: more points, another chart
     role: str
+    markers: bool = False  # drawn as points (evals), not a line
 
     @classmethod
-    def of(cls, series: Series, role: str) -> Line:
-        return cls(series, series.count, role)
+    def of(cls, series: Series, role: str, markers: bool = False) -> Line:
+        return cls(series, series.count, role, markers)
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class Chart:
     lines: tuple[Line, ...]
     window: int | None  # the last N steps, or None for the whole run
     log: bool = False
+    unit: str = ""  # of the values: "" (a number), "s" (seconds), "B" (bytes)
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class HeaderView:
     elapsed_s: int | None  # whole seconds: the header changes once a second, not at every frame
     status: str
     mode: str  # "live" or "replay"
+    end_reason: str | None = None  # the end record's reason (nonfinite, exception, killed, ...)
+    loading: int | None = None  # a replay still being read: percent of the ledger read
+    alert: Alert | None = None  # the newest warning or critical: shown even where the alerts pane is not
+    alerts: int = 0  # warnings and criticals so far
 
 
 @dataclass(frozen=True)
@@ -131,9 +138,11 @@ class Views:
     alerts: AlertsView
 
 
-def build_views(state: RunState, *, window: int | None, now: float | None, mode: str) -> Views:
+def build_views(
+    state: RunState, *, window: int | None, now: float | None, mode: str, loading: int | None = None
+) -> Views:
     return Views(
-        header_view(state, now, mode),
+        header_view(state, now, mode, loading),
         training_view(state, window),
         timing_view(state, window),
         memory_view(state, window),
@@ -141,9 +150,11 @@ def build_views(state: RunState, *, window: int | None, now: float | None, mode:
     )
 
 
-def header_view(state: RunState, now: float | None, mode: str) -> HeaderView:
-    elapsed = state.elapsed(now)
+def header_view(state: RunState, now: float | None, mode: str, loading: int | None = None) -> HeaderView:
+    # A replay's clock is the run's own: its first to its last record, never the time since it started.
+    elapsed = state.elapsed(now if mode == "live" else None)
     host = state.run.get("host")
+    serious = [a for a in state.alerts if a.severity in ("warning", "critical")]
     return HeaderView(
         state.name,
         str(host) if host else None,
@@ -152,6 +163,10 @@ def header_view(state: RunState, now: float | None, mode: str) -> HeaderView:
         None if elapsed is None else int(elapsed),
         state.status,
         mode,
+        state.end_reason,
+        loading,
+        serious[0] if serious else None,
+        len(serious),
     )
 
 
@@ -170,6 +185,13 @@ def eval_metric(state: RunState) -> str | None:
     return next((n for n in state.eval_metrics if "loss" in n), None)
 
 
+def latest(step: Record, key: str, series: Series) -> float | None:
+    """A title's value: the last step's own (NaN and inf included: they are the news), else the series' last
+    drawn point when that step did not log it (a metric logged every N steps)."""
+    value = num(step.get(key))
+    return value if value is not None else series.current
+
+
 def training_view(state: RunState, window: int | None) -> TrainingView:
     train, evaluation = train_metric(state), eval_metric(state)
     step = state.last_step
@@ -179,17 +201,18 @@ def training_view(state: RunState, window: int | None) -> TrainingView:
     if train is not None:
         loss_lines.append(Line.of(state.metrics[train], "train"))
     if evaluation is not None:
-        loss_lines.append(Line.of(state.eval_metrics[evaluation], "eval"))
+        loss_lines.append(Line.of(state.eval_metrics[evaluation], "eval", markers=True))
     others = [n for n in state.metrics if n != train][:MAX_OTHER_METRICS]
     return TrainingView(
         train_name=train,
-        train_value=state.metrics[train].current if train is not None else None,
+        train_value=latest(step, train, state.metrics[train]) if train is not None else None,
         eval_name=evaluation,
         eval_value=state.eval_metrics[evaluation].current if evaluation is not None else None,
         loss=Chart(tuple(loss_lines), window),
         lr_value=lr_value,
         lr=Chart((Line.of(state.lr, "lr"),), window, log=True),
-        grad_norm_value=state.grad_norm.current,
+        # The norm and the clipped flag of one step: a step without a norm shows none, not an older one's.
+        grad_norm_value=num(step.get("grad_norm")),
         grad_norm_clipped=step.get("grad_norm_clipped") is True,
         grad_norm=Chart((Line.of(state.grad_norm, "grad"),), window, log=True),
         others=tuple((n, state.metrics[n].current) for n in others),
@@ -203,7 +226,7 @@ def timing_view(state: RunState, window: int | None) -> TimingView:
         finite(step.get("data_wait_s")),
         finite(step.get("compute_s")),
         finite(step.get("examples_per_s")),
-        Chart((Line.of(state.compute, "compute"), Line.of(state.data_wait, "wait")), window),
+        Chart((Line.of(state.compute, "compute"), Line.of(state.data_wait, "wait")), window, unit="s"),
     )
 
 
@@ -261,5 +284,5 @@ def memory_view(state: RunState, window: int | None) -> MemoryView:
         workers=workers,
         workers_cpu_percent=busy if workers else None,
         chart_label="allocated" if on_device else "rss",
-        chart=Chart((Line.of(state.mem_allocated if on_device else state.rss, "memory"),), window),
+        chart=Chart((Line.of(state.mem_allocated if on_device else state.rss, "memory"),), window, unit="B"),
     )

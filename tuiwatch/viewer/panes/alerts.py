@@ -33,12 +33,20 @@ class AlertsPane(Pane):
             severity = alert.severity if alert.severity in ("critical", "warning", "info") else None
             line.append(f"{alert.severity[:4]:<4}", style=self.style_of(severity) if severity else "")
             line.append(f" {'-' if alert.step is None else alert.step:>6} ", style=dim)
+            message = alert.message
             if alert.rule and alert.rule != "command":
                 line.append(f"{safe(alert.rule, 24)}: ", style=self.style_of("rule"))
-            line.append(safe(alert.message, MAX_MESSAGE))
+                if message == f"{alert.rule} cleared":
+                    message = "cleared"  # the rule's name is already on the line
+            line.append(safe(message, MAX_MESSAGE))
             rows.append(line)
             if alert.next_check:
                 rows.append(Text(f"  → {safe(alert.next_check, MAX_MESSAGE)}", style=dim))
+            if alert.samples:
+                rows.append(Text(f"  non-finite samples: {', '.join(map(str, alert.samples))}", style=dim))
             if alert.dump:
-                rows.append(Text(f"  dump: {safe(alert.dump, MAX_MESSAGE)}", style=dim))
+                # The path alone on its line, folded (never ellipsised) where it is longer than the pane:
+                # what is selected is the whole path.
+                rows.append(Text("  dump:", style=dim))
+                rows.append(Text(safe(alert.dump, MAX_MESSAGE), style=dim, overflow="fold"))
         return Group(*rows)

@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
 
-from tuiwatch.viewer.render.chart import chart
+from tuiwatch.viewer.render.chart import Trace, chart
 from tuiwatch.viewer.views import Chart
 
 WINDOWS: tuple[int | None, ...] = (None, 1000, 100)
 
 
-def window_label(window: int | None, unit: str = "steps") -> str:
+def window_label(window: int | None, unit: str = "steps", short: bool = False) -> str:
+    if short:
+        return "all" if window is None else f"last {window // 1000}k" if window >= 1000 else f"last {window}"
     return f"all {unit}" if window is None else f"last {window:,} {unit}"
+
+
+Piece = tuple[str, Style | str]
+
+
+def fitted(width: int, *groups: Sequence[Piece], rank: Sequence[int] | None = None) -> Text:
+    """One line of ``width`` cells made of whole groups: a group that does not fit is left out, never cut.
+
+    A cut value is a different number (``step 251.0`` for 251.0 ms). Groups
+    are kept in order of importance, ``rank[i]`` (lower first; default: the
+    order given), and drawn in the order given.
+    """
+    order = sorted(range(len(groups)), key=lambda i: rank[i] if rank is not None else i)
+    kept, used = set(), 0
+    for i in order:
+        need = sum(len(part) for part, _ in groups[i])
+        if used + need <= width:
+            kept.add(i)
+            used += need
+    text = Text(no_wrap=True, overflow="crop")
+    for i, group in enumerate(groups):
+        if i in kept:
+            for part, style in group:
+                text.append(part, style=style)
+    return text
 
 
 class Pane(Widget, can_focus=True):
@@ -23,7 +53,7 @@ class Pane(Widget, can_focus=True):
     so a theme or a user stylesheet can change them.
     """
 
-    COMPONENT_CLASSES = {"pane--dim"}
+    COMPONENT_CLASSES = {"pane--dim", "pane--critical"}
 
     def __init__(self, title: str, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -32,5 +62,10 @@ class Pane(Widget, can_focus=True):
     def style_of(self, role: str) -> Style:
         return self.get_component_rich_style(f"pane--{role}")
 
+    def value_style(self, value: float | None) -> Style | str:
+        """A value's style: the critical colour when it is NaN or infinite (the news), else plain."""
+        return self.style_of("critical") if value is not None and not math.isfinite(value) else ""
+
     def draw(self, c: Chart, width: int, height: int) -> list[Text]:
-        return chart([(line.series, self.style_of(line.role)) for line in c.lines], width, height, c.window, c.log)
+        traces = [Trace(line.series, self.style_of(line.role), line.markers) for line in c.lines]
+        return chart(traces, width, height, c.window, c.log, c.unit)

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from tuiwatch.analysis.format import number, seconds_short
-from tuiwatch.viewer.panes.base import Pane
+from tuiwatch.viewer.panes.base import Pane, fitted
 from tuiwatch.viewer.views import TimingView
 
 
@@ -30,26 +30,30 @@ class TimingPane(Pane):
         if v is None:
             return Text("")
         wait, compute = v.data_wait_s, v.compute_s
+        width = self.content_region.width
         rows = [
-            Text.assemble(
-                ("wait ", self.style_of("wait")),
-                "not measured" if wait is None and compute is not None else seconds_short(wait),
-                ("  compute ", self.style_of("compute")),
-                seconds_short(compute),
-                no_wrap=True,
+            fitted(
+                width,
+                [
+                    ("wait ", self.style_of("wait")),
+                    ("not measured" if wait is None and compute is not None else seconds_short(wait), ""),
+                ],
+                [("  compute ", self.style_of("compute")), (seconds_short(compute), "")],
             )
         ]
         if wait is not None and compute is not None and wait + compute > 0:
             share = wait / (wait + compute)
-            bar_w = max(self.content_region.width - 15, 4)
+            bar_w = max(width - 12, 4)
             filled = round(share * bar_w)
             rows.append(
-                Text.assemble(
-                    ("█" * filled, self.style_of("wait-bar")),
-                    ("█" * (bar_w - filled), self.style_of("compute-bar")),
-                    (f" {share:5.1%} wait", self.style_of("wait-dominates") if share > 0.5 else ""),
+                fitted(
+                    width,
+                    [("█" * filled, self.style_of("wait-bar")), ("█" * (bar_w - filled), self.style_of("compute-bar"))],
+                    [(f" {share:4.0%} wait", self.style_of("wait-dominates") if share > 0.5 else "")],
                 )
             )
-        rows.append(Text(f"{number(v.examples_per_s, 3)} ex/s  step {seconds_short(v.step_s)}", no_wrap=True))
-        rows += self.draw(v.chart, self.content_region.width, self.content_region.height - len(rows))
+        rows.append(
+            fitted(width, [(f"{number(v.examples_per_s, 3)} ex/s", "")], [(f"  step {seconds_short(v.step_s)}", "")])
+        )
+        rows += self.draw(v.chart, width, self.content_region.height - len(rows))
         return Group(*rows)

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from tuiwatch.analysis.format import number, safe
-from tuiwatch.viewer.panes.base import Pane, window_label
+from tuiwatch.viewer.panes.base import Pane, Piece, fitted, window_label
 from tuiwatch.viewer.views import TrainingView
 
 
@@ -21,6 +21,7 @@ class TrainingPane(Pane):
         "pane--grad",
         "pane--grad-title",
         "pane--clipped",
+        "pane--critical",
     }
     view: reactive[TrainingView | None] = reactive(None)
 
@@ -33,33 +34,39 @@ class TrainingPane(Pane):
             return Text("")
         dim = self.style_of("dim")
         width, height = self.content_region.width, self.content_region.height
-        # Three charts share the height; each has a title line.
-        chart_h = max(1, (height - 4) // 3)
-        title = Text()
+        # Three charts share the height; each has a title line (and a step axis, drawn by the chart).
+        chart_h = max(1, (height - 3) // 3)
+        loss_h = max(1, height - 3 - 2 * chart_h)  # the loss chart takes the rows the division leaves
         if v.train_name is not None:
-            title.append(f"{safe(v.train_name, 24)} ", style=self.style_of("train"))
-            title.append(number(v.train_value))
+            train: list[Piece] = [
+                (f"{safe(v.train_name, 24)} ", self.style_of("train")),
+                (number(v.train_value), self.value_style(v.train_value)),
+            ]
         else:
-            title.append("loss -", style=dim)
+            train = [("loss -", dim)]
+        evaluation: list[Piece] = []
         if v.eval_name is not None:
-            title.append(f"   {safe(v.eval_name, 24)} ", style=self.style_of("eval"))
-            title.append(number(v.eval_value))
-        title.append(f"   {window_label(v.loss.window, v.step_unit)}", style=dim)
-        rows = [title, *self.draw(v.loss, width, chart_h)]
-        rows.append(Text.assemble(("lr (log) ", self.style_of("lr-title")), number(v.lr_value)))
+            evaluation = [
+                (f"   {safe(v.eval_name, 24)} ", self.style_of("eval")),
+                (number(v.eval_value), self.value_style(v.eval_value)),
+            ]
+        used = sum(len(part) for part, _ in [*train, *evaluation])
+        label = f"   {window_label(v.loss.window, v.step_unit)}"
+        if used + len(label) > width:
+            label = f"  {window_label(v.loss.window, short=True)}"  # "last 1k": the window still shows
+        window = [(label, dim)]
+        rows = [fitted(width, train, evaluation, window), *self.draw(v.loss, width, loss_h)]
+        lr_value = [(number(v.lr_value), self.value_style(v.lr_value))]
+        rows.append(fitted(width, [("lr (log) ", self.style_of("lr-title")), *lr_value]))
         rows += self.draw(v.lr, width, chart_h)
-        rows.append(
-            Text.assemble(
-                ("grad norm pre-clip (log) ", self.style_of("grad-title")),
-                number(v.grad_norm_value),
-                (" clipped" if v.grad_norm_clipped else "", self.style_of("clipped")),
-            )
-        )
+        norm = [(number(v.grad_norm_value), self.value_style(v.grad_norm_value))]
+        clipped = [(" clipped", self.style_of("clipped"))] if v.grad_norm_clipped else []
+        label = "grad norm pre-clip (log) " if width >= 36 else "grad norm "
+        rows.append(fitted(width, [(label, self.style_of("grad-title")), *norm], clipped))
         rows += self.draw(v.grad_norm, width, chart_h)
         if v.others and len(rows) < height:
-            extra = Text()
-            for name, value in v.others:
-                extra.append(f"{safe(name, 20)} ", style=dim)
-                extra.append(f"{number(value)}  ")
-            rows.append(extra)
+            others: list[list[Piece]] = [
+                [(f"{safe(name, 20)} ", dim), (f"{number(value)}  ", "")] for name, value in v.others
+            ]
+            rows.append(fitted(width, *others))
         return Group(*rows[:height])

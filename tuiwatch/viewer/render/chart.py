@@ -1,7 +1,9 @@
-"""Line charts in braille cells: 2×4 dots per character, with axes and labels.
+"""Line charts in braille cells: 2×4 dots per character, with a value axis, a step axis and labels.
 
-Pure: series in, rows of Rich ``Text`` out (:func:`chart`); :func:`plot`
-underneath places the dots as rows of (character, series index).
+Pure: traces in, rows of Rich ``Text`` out (:func:`chart`); :func:`plot`
+underneath places the dots as rows of (character, trace index). Every trace of
+a chart shares one step axis (the chart's first to last step) and one value
+axis; labels are never cut, so a label is always the number it stands for.
 """
 
 from __future__ import annotations
@@ -13,18 +15,28 @@ from dataclasses import dataclass
 from rich.style import Style
 from rich.text import Text
 
-from tuiwatch.analysis.format import number
+from tuiwatch.analysis.format import fit
 from tuiwatch.viewer.render.series import Column, Series
 
 _BRAILLE = 0x2800
 # Dot bits of a braille cell, by (column 0..1, row 0..3) from the top left.
 _DOT = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
-LABEL_WIDTH = 8
+LABEL_WIDTH = 8  # seven characters of value, then the axis
+MIB = float(2**20)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One series as a chart draws it: a line, or markers (evals: a few points that must not hide the line)."""
+
+    series: Series
+    style: Style
+    markers: bool = False
 
 
 @dataclass(frozen=True)
 class Plot:
-    rows: list[list[tuple[str, int]]]  # per row, per cell: (character, series index or -1)
+    rows: list[list[tuple[str, int]]]  # per row, per cell: (character, trace index or -1)
     lo: float
     hi: float
     log: bool
@@ -36,27 +48,50 @@ def _scale(value: float, log: bool) -> float | None:
     return value
 
 
-def bounds(series: Sequence[Sequence[Column]], log: bool) -> tuple[float, float] | None:
+def min_span(unit: str, top: float) -> float:
+    """The smallest value range a chart shows: bytes get 5 % of their top (at least 1 MiB), so a
+    20 kB wiggle in 300 MiB of RSS is a flat line, not a cliff."""
+    return max(MIB, 0.05 * abs(top)) if unit == "B" else 0.0
+
+
+def bounds(series: Sequence[Sequence[Column]], log: bool, unit: str = "") -> tuple[float, float] | None:
     values = [v for cols in series for c in cols for v in (_scale(c.lo, log), _scale(c.hi, log)) if v is not None]
     if not values:
         return None
     lo, hi = min(values), max(values)
+    span = 0.0 if log else min_span(unit, hi)
+    if hi - lo < span:
+        lo = max(0.0, (lo + hi - span) / 2) if lo >= 0 else (lo + hi - span) / 2
+        hi = lo + span
     if hi - lo < 1e-12:
         pad = abs(hi) * 0.05 or 0.5
         lo, hi = lo - pad, hi + pad
     return lo, hi
 
 
-def plot(series: Sequence[Sequence[Column]], width: int, height: int, log: bool = False) -> Plot | None:
-    """Draw each series (its columns already decimated to ``2 * width``) into ``width``×``height`` cells."""
+def plot(
+    series: Sequence[Sequence[Column]],
+    width: int,
+    height: int,
+    log: bool = False,
+    markers: Sequence[bool] = (),
+    unit: str = "",
+) -> Plot | None:
+    """Draw each trace's columns (x in dots, ``0 .. 2 * width - 1``) into ``width``×``height`` cells.
+
+    A line joins its points; a marker trace draws each point as a 2×2 blob.
+    Where a marker and a line share a cell, both sets of dots are drawn and the
+    marker's colour wins: the line keeps its shape, the marker stays visible.
+    """
     if width < 1 or height < 1:
         return None
-    b = bounds(series, log)
+    b = bounds(series, log, unit)
     if b is None:
         return None
     lo, hi = b
     dots_y = height * 4
     masks = [[[0] * width for _ in range(height)] for _ in series]
+    marker_of = [k < len(markers) and markers[k] for k in range(len(series))]
 
     def y_dot(v: float) -> int | None:
         s = _scale(v, log)
@@ -68,15 +103,18 @@ def plot(series: Sequence[Sequence[Column]], width: int, height: int, log: bool 
         for y in range(top, bottom + 1):
             masks[k][y // 4][x // 2] |= _DOT[x % 2][y % 4]
 
-    dots_x = width * 2
     for k, cols in enumerate(series):
-        n = len(cols)
         prev: tuple[int, int] | None = None  # (x, y) of the previous point's last value
-        for i, c in enumerate(cols):
-            x = i * dots_x // n if n > 1 else 0
+        for c in cols:
+            x = c.x
             top, bottom, end = y_dot(c.hi), y_dot(c.lo), y_dot(c.value)
             if top is None or bottom is None or end is None:
                 prev = None
+                continue
+            if marker_of[k]:
+                x0, y2 = x - x % 2, end + 1 if end % 4 != 3 else end - 1
+                for mx in (x0, x0 + 1):
+                    dot(k, mx, min(end, y2), max(end, y2))
                 continue
             if prev is not None:
                 # Join to the previous point: a straight run over skipped dot
@@ -94,63 +132,116 @@ def plot(series: Sequence[Sequence[Column]], width: int, height: int, log: bool 
     for r in range(height):
         row = []
         for col in range(width):
-            mark, owner = 0, -1
+            mark, owner, marked = 0, -1, False
             for k in range(len(series)):
                 if masks[k][r][col]:
                     mark |= masks[k][r][col]
-                    owner = k  # later series draw on top
+                    if marker_of[k] or not marked:
+                        owner = k  # later lines draw on top; a marker over any line
+                    marked = marked or marker_of[k]
             row.append((chr(_BRAILLE + mark), owner))
         rows.append(row)
     return Plot(rows, lo, hi, log)
 
 
-def axis_labels(p: Plot, height: int) -> list[str]:
-    """Left labels: the top value on the first row, the bottom on the last, one in the middle."""
+def axis_labels(p: Plot, height: int, unit: str = "") -> list[str]:
+    """Left labels: the top value on the first row, the bottom on the last, one in the middle if it differs."""
     labels = [""] * height
 
     def value(frac: float) -> float:
-        v = p.hi - frac * (p.hi - p.lo)
+        v = p.lo + (1.0 - frac) * (p.hi - p.lo)  # exactly lo at the bottom: hi - (hi - lo) may round to 0
         return 10**v if p.log else v
 
-    # Enough digits that the top and bottom labels differ (a nearly flat series).
-    digits = next((d for d in range(3, 9) if number(value(0.0), d) != number(value(1.0), d)), 3)
+    width = LABEL_WIDTH - 1
+    # The fewest digits (3 or more) at which the top and bottom labels differ (a nearly flat series).
+    digits = next((d for d in range(3, 7) if fit(value(0.0), width, unit, d) != fit(value(1.0), width, unit, d)), 3)
 
     def at(frac: float) -> str:
-        return number(value(frac), digits)
+        return fit(value(frac), width, unit, digits)
 
     labels[0] = at(0.0)
-    if height >= 3:
-        labels[height // 2] = at((height // 2 * 4 + 1.5) / (height * 4 - 1))
     if height >= 2:
         labels[-1] = at(1.0)
-    return [label.rjust(LABEL_WIDTH - 1)[: LABEL_WIDTH - 1] + "┤" for label in labels]
+    if height >= 3:
+        middle = at((height // 2 * 4 + 1.5) / (height * 4 - 1))
+        labels[height // 2] = middle if middle not in (labels[0], labels[-1]) else ""
+    return [label.rjust(width) + "┤" for label in labels]
+
+
+def step_label(step: int, room: int) -> str:
+    """A step for the x axis: exact (``12,345``) where it fits, else short (``12.3k``)."""
+    exact = f"{step:,}"
+    return exact if len(exact) <= room else fit(step, room)
+
+
+def step_axis(start: int, end: int, cells: int) -> Text:
+    """The row under a chart: its first step at the left, its last at the right, the middle one where it fits."""
+    row = [" "] * cells
+    first = step_label(start, max(cells // 3, 1))
+    row[: len(first)] = first
+    if end != start:
+        last = step_label(end, max(cells // 3, 1))
+        row[cells - len(last) :] = last
+        middle_step = (start + end) // 2
+        middle = step_label(middle_step, max(cells // 3, 1))
+        x = round((middle_step - start) * (cells - 1) / (end - start)) - len(middle) // 2
+        if len(first) + 2 <= x and x + len(middle) + 2 <= cells - len(last) and middle_step not in (start, end):
+            row[x : x + len(middle)] = middle
+    return Text(" " * LABEL_WIDTH + "".join(row)[:cells], no_wrap=True)
+
+
+def step_range(traces: Sequence[Trace], window: int | None) -> tuple[int, int] | None:
+    """The chart's shared step axis: from its first drawn step (or ``window`` before the last) to its last."""
+    ends = [e for t in traces if (e := t.series.end_step) is not None]
+    firsts = [f for t in traces if (f := t.series.first_step) is not None]
+    if not ends or not firsts:
+        return None
+    end, first = max(ends), min(firsts)
+    return (first if window is None else max(end - window + 1, first)), end
 
 
 def chart(
-    lines: Sequence[tuple[Series, Style]], width: int, height: int, window: int | None, log: bool = False
+    traces: Sequence[Trace],
+    width: int,
+    height: int,
+    window: int | None,
+    log: bool = False,
+    unit: str = "",
 ) -> list[Text]:
-    """A chart as ``height`` rows of styled text: each series in its own style, axis labels on the left.
+    """A chart as ``height`` rows of styled text: value labels on the left, the step axis on the last row.
 
-    What a pane draws, and what the tests read (``.plain``): one path. The
-    series are decimated to two columns of dots per cell of the ``width``.
+    What a pane draws, and what the tests read (``.plain``): one path. Every
+    trace is placed on the chart's one step axis, two columns of dots per
+    cell of the ``width``. ``unit`` ("", "s", "B") formats the value labels.
     """
     if height < 1 or width <= LABEL_WIDTH + 2:
         return []
     cells = width - LABEL_WIDTH
-    p = plot([s.window(window, cells * 2) for s, _ in lines], cells, height, log)
-    if p is None:
-        empty = "(no positive values)" if log and any(s.count for s, _ in lines) else "(no data yet)"
+    steps = step_range(traces, window)
+    plot_h = height - 1 if height >= 3 else height
+    p = None
+    if steps is not None:
+        columns = [t.series.columns(steps[0], steps[1], cells * 2) for t in traces]
+        p = plot(columns, cells, plot_h, log, [t.markers for t in traces], unit)
+    if steps is None or p is None:
+        empty = "(no positive values)" if log and any(t.series.count for t in traces) else "(no data yet)"
         return [Text(" " * LABEL_WIDTH + empty, style="dim")] + [Text("")] * (height - 1)
     rows = []
-    for label, row in zip(axis_labels(p, height), p.rows, strict=True):
-        text = Text(label, style="dim")
-        # One append per run of cells of the same series, not one per cell.
+    for label, row in zip(axis_labels(p, plot_h, unit), p.rows, strict=True):
+        # The label is dim; the line keeps its own colour (a dim base style would dim it too).
+        text = Text(no_wrap=True)
+        text.append(label, style="dim")
+        # One append per run of cells of the same trace, not one per cell.
         owner, run = row[0][1], list[str]()
         for ch, cell_owner in row:
             if cell_owner != owner:
-                text.append("".join(run), style=lines[owner][1] if owner >= 0 else "")
+                text.append("".join(run), style=traces[owner].style if owner >= 0 else "")
                 owner, run = cell_owner, []
             run.append(ch)
-        text.append("".join(run), style=lines[owner][1] if owner >= 0 else "")
+        text.append("".join(run), style=traces[owner].style if owner >= 0 else "")
         rows.append(text)
+    if plot_h < height:
+        axis = step_axis(steps[0], steps[1], cells)
+        axis.stylize("dim")
+        rows.append(axis)
     return rows

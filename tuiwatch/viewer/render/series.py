@@ -27,9 +27,10 @@ class Bucket:
 
 @dataclass(frozen=True)
 class Column:
-    """What one drawing column shows: the range of a metric over a span of steps."""
+    """What one column of dots shows: the range of a metric over the steps that fall in it."""
 
-    step: int
+    x: int  # the dot column, 0 .. dots - 1, on the chart's shared step axis
+    step: int  # the last step drawn in it
     lo: float
     hi: float
     value: float
@@ -82,34 +83,47 @@ class Series:
     def current(self) -> float | None:
         return self.recent[-1][1] if self.recent else None
 
-    def window(self, last: int | None, columns: int) -> list[Column]:
-        """At most ``columns`` columns covering the last ``last`` steps (None: the whole run)."""
-        if columns <= 0 or not self.recent:
+    @property
+    def first_step(self) -> int | None:
+        return self.buckets[0].first if self.buckets else None
+
+    @property
+    def end_step(self) -> int | None:
+        """The step of the last point drawn (a non-finite one later is not drawn)."""
+        return self.recent[-1][0] if self.recent else None
+
+    def columns(self, start: int, end: int, dots: int) -> list[Column]:
+        """The points in steps ``start`` .. ``end``, as at most ``dots`` columns placed on that shared axis.
+
+        Every series of a chart is placed on the same axis: a step lands at the
+        same x whichever series it belongs to (an eval every 500 steps sits over
+        the train loss of that step).
+        """
+        if dots <= 0 or not self.recent or end < start:
             return []
-        end = self.recent[-1][0]
         exact = len(self.recent) == self.count  # every point of the run is still kept exactly
-        start = self.buckets[0].first if last is None else max(end - last + 1, self.buckets[0].first)
         if exact or start >= self.recent[0][0]:
-            points = [Bucket(s, s, v, v, v) for s, v in self.recent if s >= start]
+            points = [Bucket(s, s, v, v, v) for s, v in self.recent if start <= s <= end]
         else:
-            points = [b for b in self.buckets if b.last >= start]
-        return _columns(points, start, end, columns)
+            points = [b for b in self.buckets if b.last >= start and b.first <= end]
+        return _columns(points, start, end, dots)
 
 
-def _columns(points: list[Bucket], start: int, end: int, columns: int) -> list[Column]:
-    span = max(end - start + 1, 1)
-    n = min(columns, span)
-    lo: list[float | None] = [None] * n
-    hi = [0.0] * n
-    last = [0.0] * n
-    step = [0] * n
+def x_of(step: int, start: int, end: int, dots: int) -> int:
+    """The dot column of ``step`` on an axis from ``start`` (x = 0) to ``end`` (x = dots - 1)."""
+    if end <= start:
+        return 0
+    return min(max(round((step - start) * (dots - 1) / (end - start)), 0), dots - 1)
+
+
+def _columns(points: list[Bucket], start: int, end: int, dots: int) -> list[Column]:
+    by_x: dict[int, list[float | int]] = {}  # x → [lo, hi, value, step]
     for p in points:
-        i = min(max(p.first - start, 0) * n // span, n - 1)
-        current = lo[i]
-        if current is None:
-            lo[i], hi[i] = p.lo, p.hi
+        x = x_of(max(p.first, start), start, end, dots)
+        cell = by_x.get(x)
+        if cell is None:
+            by_x[x] = [p.lo, p.hi, p.value, p.last]
         else:
-            lo[i] = min(current, p.lo)
-            hi[i] = max(hi[i], p.hi)
-        last[i], step[i] = p.value, p.last
-    return [Column(step[i], low, hi[i], last[i]) for i, low in enumerate(lo) if low is not None]
+            cell[0], cell[1] = min(cell[0], p.lo), max(cell[1], p.hi)
+            cell[2], cell[3] = p.value, p.last
+    return [Column(x, int(c[3]), float(c[0]), float(c[1]), float(c[2])) for x, c in sorted(by_x.items())]

@@ -18,18 +18,23 @@ w   chart window: all steps / last 1,000 / last 100
 f   full-screen the focused pane (f again to go back)
 tab focus the next pane
 ?   this help
-q   quit the viewer (the run goes on)
+q   {quit}
 
 Commands need a live run: replay is read-only."""
+QUIT = "quit the viewer (the run goes on)"
 
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape,q,question_mark", "close", "close")]
 
+    def __init__(self, quit_does: str = QUIT) -> None:
+        super().__init__()
+        self.quit_does = quit_does
+
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Static(Text("keys", style="bold"))
-            yield Static(Text(HELP))
+            yield Static(Text(HELP.format(quit=self.quit_does)))
 
     def action_close(self) -> None:
         self.dismiss(None)

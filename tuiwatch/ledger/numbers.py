@@ -1,0 +1,87 @@
+"""Numbers written short and faithful: the one formatter of every number tuiwatch shows.
+
+The viewer, ``report``, ``diff``, ``ls`` and the rules' alert messages all
+write numbers through it (``tuiwatch.analysis.format`` re-exports it for the
+viewer's side; it lives here, at the bottom of the pure layers, so that the
+rules can use it too).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tuiwatch.ledger.fields import finite, is_number
+
+# Up to T: a "P" or "E" suffix reads as an exponent to an engineer skimming at 2 a.m.
+_SI = (("k", 1e3), ("M", 1e6), ("G", 1e9), ("T", 1e12))
+
+
+def _sig(v: float, digits: int) -> str:
+    """``v`` to ``digits`` significant digits, in fixed point (for 1e-3 <= |v| < 10**digits)."""
+    text = f"{v:.{digits}g}"
+    return text if "e" not in text else f"{v:.0f}"
+
+
+def _exp(v: float, digits: int) -> str:
+    """``1.2e-05`` written short: ``1.2e-5``, ``9.22e19``."""
+    mantissa, exponent = f"{v:.{max(digits - 1, 0)}e}".split("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def number(value: Any, digits: int = 4) -> str:
+    """A short, faithful form: 0.0123, 1.2e-5, 1234, 12.35k, 40.2G, 9.22e19, nan, -.
+
+    ``digits`` significant digits; plain up to ``10**digits``, then SI
+    suffixes (k M G T), then an exponent. Integers below 100,000 are
+    exact. Never a suffix on an exponent, never an exponent with a plus sign.
+    """
+    if isinstance(value, bool):
+        return str(value).lower()
+    if not is_number(value):
+        return "-"
+    v = float(value)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if isinstance(value, int) and abs(value) < 100_000:
+        return str(value)
+    a = abs(v)
+    if a == 0:
+        return "0"
+    if a < 1e-3:
+        return _exp(v, digits)
+    if float(_sig(a, digits)) < 10**digits:
+        return _sig(v, digits)
+    for unit, scale in _SI:
+        if float(_sig(a / scale, digits)) < 1000:
+            return _sig(v / scale, digits) + unit
+    return _exp(v, digits)
+
+
+def quantity(value: Any, unit: str = "", digits: int = 4) -> str:
+    """A value in its unit: a plain number (``""``), seconds (``"s"``: 850µs, 12.3ms), or bytes (``"B"``: 312MiB)."""
+    v = finite(value)
+    if unit == "s" and v is not None:
+        for name, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
+            if abs(v) >= scale or name == "ns":
+                return ("0" if v == 0 else _sig(v / scale, digits)) + ("" if v == 0 else name)
+    if unit == "B" and v is not None:
+        for name, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1)):
+            if abs(v) >= scale or name == "B":
+                return f"{v:.0f}B" if name == "B" else _sig(v / scale, digits) + name
+    return number(value, digits)
+
+
+def fit(value: Any, width: int, unit: str = "", digits: int = 4) -> str:
+    """The most precise form of ``value`` (in its unit, up to ``digits`` significant digits) that fits ``width``
+    characters; never cut into another number. One that cannot fit even at one digit is shown as ``…``.
+    """
+    for d in range(digits, 0, -1):
+        text = quantity(value, unit, d)
+        if len(text) <= width:
+            return text
+    return "…"
