@@ -31,7 +31,7 @@ import orjson
 from rich.style import Style
 
 from tuiwatch.viewer.app import TuiwatchApp
-from tuiwatch.viewer.render.chart import chart
+from tuiwatch.viewer.render.chart import Trace, chart
 from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.sources import SocketSource
 
@@ -168,7 +168,7 @@ def chart_time() -> float:
     times = []
     for _ in range(50):
         t0 = time.perf_counter()
-        chart([(series, Style(color="cyan"))], 100, 10, None)
+        chart([Trace(series, Style(color="cyan"))], 100, 10, None)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

@@ -155,7 +155,14 @@ def test_report_summarises_a_ledger_as_text_and_json(socket_dir: Path):
     assert summary["end"] == "finished"
     assert summary["alerts"] == {}
     assert summary["final_loss"] == steps[-1]["loss"]
-    assert summary["best_loss"] == min(s["loss"] for s in steps)
+    # "best" is the best mean of 100 consecutive steps, not the luckiest batch.
+    losses = [s["loss"] for s in steps]
+    means = [(sum(losses[i - 100 : i]) / 100, steps[i - 1]["step"]) for i in range(100, len(losses) + 1)]
+    assert summary["best_loss"] == pytest.approx(min(means)[0])
+    assert summary["best_step"] == min(means)[1]
+    assert summary["min_loss"] == min(losses)
+    assert summary["eval_metrics"]["val_loss"]["best"] == 0.022409267723560333
+    assert summary["eval_metrics"]["val_acc"]["lower_is_better"] is False
     assert 0 < summary["data_wait_share"] < 1
 
 

@@ -16,9 +16,11 @@ from tuiwatch.ledger.reader import read_ledger
 from ..helpers import wait_until
 from ..tmux_helpers import HEADER, capture
 
-pytestmark = pytest.mark.integration  # a real terminal through tmux
-
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+pytestmark = [
+    pytest.mark.integration,  # a real terminal through tmux
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux"),
+]
+LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 LOSS = re.compile(r"│ loss (\S+)")
 CHECKPOINT = re.compile(r"checkpointwritten:(/\S+?\.pt)\(")
 
@@ -50,7 +52,7 @@ def _ledger_steps(run_root: Path) -> dict[int, float]:
 
 def test_attach_shows_the_run_live_and_q_leaves_the_run_running(tmux: list[str], socket_dir: Path, tmp_path: Path):
     run_root = tmp_path / "runs"
-    env = f"env TUIWATCH_DIR={socket_dir} TERM=xterm-256color"
+    env = f"env -u COLUMNS -u LINES TUIWATCH_DIR={socket_dir} TERM=xterm-256color"
     demo = f"{env} {sys.executable} -m tuiwatch demo --no-viewer --steps 100000 --delay 0.02 --run-dir {run_root}"
     attach = f"{env} {sys.executable} -m tuiwatch attach demo-mlp"
     subprocess.run([*tmux, "new-session", "-d", "-s", "e2e", "-x", "220", "-y", "40", demo], check=True)
@@ -88,3 +90,30 @@ def test_attach_shows_the_run_live_and_q_leaves_the_run_running(tmux: list[str],
     wait_until(lambda: viewer not in _panes(tmux), what="the viewer to quit")
     steps_at_quit = max(_ledger_steps(run_root))
     wait_until(lambda: max(_ledger_steps(run_root)) > steps_at_quit + 5, what="the run to go on after q")
+
+
+def test_a_60x20_terminal_shows_the_alert_and_the_end_reason(tmux: list[str], socket_dir: Path):
+    # env -u: the pane's own size, not COLUMNS/LINES the test runner's environment may carry into tmux.
+    replay = (
+        f"env -u COLUMNS -u LINES TUIWATCH_DIR={socket_dir} TERM=xterm-256color {sys.executable} -m tuiwatch replay "
+    )
+    replay += str(LEDGERS / "alerts.jsonl")
+    subprocess.run([*tmux, "new-session", "-d", "-s", "small", "-x", "60", "-y", "20", replay], check=True)
+    pane = _panes_of(tmux, "small")[0]
+
+    def shown() -> str | None:
+        screen = capture(tmux, pane)
+        return screen if "crit" in screen and "nonfinite" in screen else None
+
+    screen = wait_until(shown, timeout=30, what="the alert on a 60x20 screen")
+    lines = screen.splitlines()
+    assert "stopped: nonfinite at step 120" in lines[0]
+    assert any(line.lstrip().startswith("q quit") for line in lines[-2:])
+    assert max(len(line) for line in lines) <= 60
+    subprocess.run([*tmux, "send-keys", "-t", pane, "q"], check=True)
+    wait_until(lambda: not _panes_of(tmux, "small"), what="the replay to quit")
+
+
+def _panes_of(tmux: list[str], session: str) -> list[str]:
+    out = subprocess.run([*tmux, "list-panes", "-t", session, "-F", "#{pane_id}"], capture_output=True, text=True)
+    return out.stdout.split()

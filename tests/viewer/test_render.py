@@ -73,7 +73,8 @@ def test_log_scale_labels_are_powers_and_empty_charts_say_so():
     lines = drawn(series, 12, 4, log=True)
     assert lines[0].startswith("     1k┤")
     assert lines[-2].startswith("      1┤")
-    assert drawn(Series(), 12, 3) == ["        (no data yet)", "", ""]
+    assert drawn(Series(), 30, 3) == ["        (no data yet)", "", ""]
+    assert drawn(Series(), 12, 3) == ["no data", "", ""]  # never a cut "(no "
 
 
 def test_a_nearly_flat_series_gets_axis_labels_that_differ():
@@ -86,13 +87,14 @@ def test_a_nearly_flat_series_gets_axis_labels_that_differ():
 
 
 def cell_owners(rows: list[Any], traces: list[Trace]) -> list[list[int | None]]:
-    """Per row, per cell after the labels: which trace's style the cell is drawn in (None: blank)."""
+    """Per row, per cell after the labels: which trace's style the cell's dots are drawn in (None: blank)."""
     out = []
     for row in rows:
         owners: list[int | None] = [None] * (len(row.plain) - LABEL_WIDTH)
         for span in row.spans:
             for i in range(max(span.start, LABEL_WIDTH), span.end):
-                owners[i - LABEL_WIDTH] = next((k for k, t in enumerate(traces) if t.style == span.style), None)
+                if row.plain[i] != "\u2800":  # a blank cell draws nothing, whatever its style
+                    owners[i - LABEL_WIDTH] = next((k for k, t in enumerate(traces) if t.style == span.style), None)
         out.append(owners)
     return out
 
@@ -135,7 +137,14 @@ def test_value_labels_are_never_cut_into_another_number():
     for value in [10.0**e * m for e in range(-12, 31) for m in (1.0, 1.5, 9.999, -2.5)]:
         text = fit(value, LABEL_WIDTH - 1)
         assert len(text) <= LABEL_WIDTH - 1
-        assert text == "…" or math.isclose(parse(text), value, rel_tol=0.5), (value, text)
+        assert math.isclose(parse(text), value, rel_tol=0.5), (value, text)
+    # Every float, in every unit, fits the gutter without an ellipsis (bare in its base unit at worst).
+    extremes = [m * 10.0**e for e in range(-320, 308) for m in (1.0, -5.0, 9.99)] + [1.7976931348623157e308, -5e-324]
+    for unit in ("", "s", "B"):
+        for value in extremes:
+            text = fit(value, LABEL_WIDTH - 1, unit, 3)
+            assert len(text) <= LABEL_WIDTH - 1
+            assert "…" not in text, (unit, value, text)
 
 
 def parse(text: str) -> float:

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from tuiwatch.ledger.chain import read_run
 
     chain = read_run(args.path)  # a resumed run is reported as one run, from its first step
-    summary = summarize(chain.records, chain.skipped, chain)
+    summary = summarize(chain.iter_records(), chain=chain)  # streamed: bounded memory, whatever the length
     if args.json:
         print(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
     else:

@@ -9,7 +9,7 @@ took over, so that ``report`` sees one run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,29 +41,40 @@ class Part:
     """One ledger of the chain: where it is, and the step from which the next part took over (None: the last)."""
 
     path: str
-    records: Sequence[Record]
     until: int | None = None
+
+    def iter_records(self, count: Callable[[int], None]) -> Iterator[Record]:
+        """Its records, read as they are used (a 200k-step ledger is never held whole); ``count`` gets the
+        number of unreadable lines once the file is read."""
+        reader = read_ledger(self.path)
+        yield from (reader if self.until is None else before(reader, self.until))
+        count(reader.skipped)
 
 
 @dataclass
 class RunChain:
     parts: list[Part]
     missing: str | None = None  # the earlier ledger a link names but that could not be read, and why
-    skipped: int = 0  # unreadable lines over all parts
+    skipped: int = 0  # unreadable lines over all parts, once iter_records() has read them
     links: list[Mapping[str, Any]] = field(default_factory=list)  # newest first
+
+    def iter_records(self) -> Iterator[Record]:
+        """The run's records in order, streamed: each earlier part up to the step the next one resumed from."""
+        self.skipped = 0
+
+        def count(n: int) -> None:
+            self.skipped += n
+
+        for part in self.parts:
+            yield from part.iter_records(count)
 
     @property
     def records(self) -> list[Record]:
-        """The run's records in order: each earlier part up to the step the next one resumed from."""
-        out: list[Record] = []
-        for part in self.parts:
-            out += list(part.records) if part.until is None else before(part.records, part.until)
-        return out
+        return list(self.iter_records())
 
 
-def before(records: Sequence[Record], step: int) -> list[Record]:
+def before(records: Iterable[Record], step: int) -> Iterator[Record]:
     """An earlier part's records up to a resume at ``step``: no end, the steps and evals before it."""
-    kept: list[Record] = []
     last_t: float | None = None
     for r in records:
         kind = r.get("kind")
@@ -75,32 +86,33 @@ def before(records: Sequence[Record], step: int) -> list[Record]:
         t = num(r.get("t"))
         if kind == "system" and last_t is not None and t is not None and t > last_t + 1.0:
             continue  # sampled after the last kept step: the part the next ledger replaced
-        kept.append(r)
-    return kept
+        yield r
 
 
-def read_run(path: str | Path) -> RunChain:
-    """The ledger at ``path`` and the earlier ledgers it resumed from, oldest first."""
-    reader = read_ledger(path)
-    newest = list(reader)
-    chain = RunChain([Part(str(reader.path), newest)], skipped=reader.skipped)
-    _follow(chain, resumed_from(newest), reader.path)
-    return chain
-
-
-def earlier_parts(path: str | Path) -> RunChain:
-    """Only the earlier parts of the run whose newest ledger is ``path`` (what a replay shows first).
-
-    Reads the head of ``path`` for the link, not the whole file.
-    """
+def _head(path: str | Path) -> tuple[Path, list[Record]]:
+    """A ledger's path and its first records, up to the first step: where a link is, if any."""
     reader = read_ledger(path)
     head: list[Record] = []
     for r in reader:
         head.append(r)
         if r.get("kind") == "step" or len(head) >= HEAD_RECORDS:
             break
+    return reader.path, head
+
+
+def read_run(path: str | Path) -> RunChain:
+    """The ledger at ``path`` and the earlier ledgers it resumed from, oldest first (read when iterated)."""
+    newest, head = _head(path)
+    chain = RunChain([Part(str(newest))])
+    _follow(chain, resumed_from(head), newest)
+    return chain
+
+
+def earlier_parts(path: str | Path) -> RunChain:
+    """Only the earlier parts of the run whose newest ledger is ``path`` (what a replay shows first)."""
+    newest, head = _head(path)
     chain = RunChain([])
-    _follow(chain, resumed_from(head), reader.path)
+    _follow(chain, resumed_from(head), newest)
     return chain
 
 
@@ -118,15 +130,13 @@ def _follow(chain: RunChain, link: Mapping[str, Any] | None, newest: Path) -> No
             chain.missing = "the link names no ledger"
             return
         try:
-            older = read_ledger(earlier)
-            if older.path.resolve() in seen:
+            older, head = _head(earlier)
+            if older.resolve() in seen:
                 chain.missing = f"{earlier} links back to a later part"
                 return
-            records = list(older)
         except (TuiwatchError, OSError) as exc:
             chain.missing = f"{earlier}: {exc}"
             return
-        seen.add(older.path.resolve())
-        chain.skipped += older.skipped
-        chain.parts.insert(0, Part(str(older.path), records, until=step))
-        link = resumed_from(records)
+        seen.add(older.resolve())
+        chain.parts.insert(0, Part(str(older), until=step))
+        link = resumed_from(head)

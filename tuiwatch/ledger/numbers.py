@@ -54,25 +54,36 @@ def number(value: Any, digits: int = 4) -> str:
         return "0"
     if a < 1e-3:
         return _exp(v, digits)
-    if float(_sig(a, digits)) < 10**digits:
+    # Magnitudes are checked before formatting: a 1e300 is never written out in 301 digits.
+    if a < 10**digits and float(_sig(a, digits)) < 10**digits:
         return _sig(v, digits)
     for unit, scale in _SI:
-        if float(_sig(a / scale, digits)) < 1000:
+        if a / scale < 1000 and float(_sig(a / scale, digits)) < 1000:
             return _sig(v / scale, digits) + unit
     return _exp(v, digits)
+
+
+def _in_unit(v: float, units: tuple[tuple[str, float], ...], digits: int) -> str:
+    """``v`` in the largest of ``units`` (name, scale; largest first) it reaches, else the last one."""
+    name, scale = next(((n, s) for n, s in units if abs(v) >= s), units[-1])
+    return _sig(v / scale, digits) + name
 
 
 def quantity(value: Any, unit: str = "", digits: int = 4) -> str:
     """A value in its unit: a plain number (``""``), seconds (``"s"``: 850µs, 12.3ms), or bytes (``"B"``: 312MiB)."""
     v = finite(value)
+    if v == 0 and unit in ("s", "B"):
+        return "0"
     if unit == "s" and v is not None:
-        for name, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)):
-            if abs(v) >= scale or name == "ns":
-                return ("0" if v == 0 else _sig(v / scale, digits)) + ("" if v == 0 else name)
+        if abs(v) >= 10**digits or abs(v) < 1e-9:
+            return _exp(v, digits) + "s"
+        return _in_unit(v, (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6), ("ns", 1e-9)), digits)
     if unit == "B" and v is not None:
-        for name, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1)):
-            if abs(v) >= scale or name == "B":
-                return f"{v:.0f}B" if name == "B" else _sig(v / scale, digits) + name
+        if abs(v) >= 1000 * 2**40:
+            return _exp(v, digits) + "B"
+        if abs(v) < 1024:
+            return f"{v:.0f}B"
+        return _in_unit(v, (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)), digits)
     return number(value, digits)
 
 
@@ -82,6 +93,11 @@ def fit(value: Any, width: int, unit: str = "", digits: int = 4) -> str:
     """
     for d in range(digits, 0, -1):
         text = quantity(value, unit, d)
+        if len(text) <= width:
+            return text
+    # The bare number is still the value in the base unit (seconds, bytes): "-5e-100", not "-5e-100s".
+    for d in range(digits, 0, -1):
+        text = number(value, d)
         if len(text) <= width:
             return text
     return "…"

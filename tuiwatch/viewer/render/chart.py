@@ -9,6 +9,7 @@ axis; labels are never cut, so a label is always the number it stands for.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,8 +65,8 @@ def bounds(series: Sequence[Sequence[Column]], log: bool, unit: str = "") -> tup
         lo = max(0.0, (lo + hi - span) / 2) if lo >= 0 else (lo + hi - span) / 2
         hi = lo + span
     if hi - lo < 1e-12:
-        pad = abs(hi) * 0.05 or 0.5
-        lo, hi = lo - pad, hi + pad
+        pad = max(abs(hi) * 0.05, 1e-12) if hi else 0.5
+        lo, hi = max(lo - pad, -sys.float_info.max), min(hi + pad, sys.float_info.max)
     return lo, hi
 
 
@@ -90,20 +91,28 @@ def plot(
         return None
     lo, hi = b
     dots_y = height * 4
-    masks = [[[0] * width for _ in range(height)] for _ in series]
+    # In halves: the span of values near the largest float would overflow to inf.
+    half_hi, per_dot = hi / 2, (dots_y - 1) / (hi / 2 - lo / 2)
+    # One flat mask per trace (cell = row * width + column): this runs for every chart at every frame.
+    masks = [[0] * (width * height) for _ in series]
     marker_of = [k < len(markers) and markers[k] for k in range(len(series))]
 
     def y_dot(v: float) -> int | None:
-        s = _scale(v, log)
+        s = _scale(v, log) if log else v
         if s is None:
             return None
-        return min(dots_y - 1, max(0, round((hi - s) / (hi - lo) * (dots_y - 1))))
+        y = (half_hi - s / 2) * per_dot + 0.5
+        if not y < dots_y:  # past the bottom, or NaN from a range at the ends of the float type
+            return dots_y - 1 if y == y else dots_y // 2
+        return 0 if y < 0 else int(y)
 
-    def dot(k: int, x: int, top: int, bottom: int) -> None:
+    def dot(mask: list[int], x: int, top: int, bottom: int) -> None:
+        bits, column = _DOT[x & 1], x >> 1
         for y in range(top, bottom + 1):
-            masks[k][y // 4][x // 2] |= _DOT[x % 2][y % 4]
+            mask[(y >> 2) * width + column] |= bits[y & 3]
 
     for k, cols in enumerate(series):
+        mask = masks[k]
         prev: tuple[int, int] | None = None  # (x, y) of the previous point's last value
         for c in cols:
             x = c.x
@@ -114,7 +123,7 @@ def plot(
             if marker_of[k]:
                 x0, y2 = x - x % 2, end + 1 if end % 4 != 3 else end - 1
                 for mx in (x0, x0 + 1):
-                    dot(k, mx, min(end, y2), max(end, y2))
+                    dot(mask, mx, min(end, y2), max(end, y2))
                 continue
             if prev is not None:
                 # Join to the previous point: a straight run over skipped dot
@@ -123,22 +132,22 @@ def plot(
                 mid = (top + bottom) // 2
                 for gx in range(px + 1, x):
                     gy = py + (mid - py) * (gx - px) // (x - px)
-                    dot(k, gx, gy, gy)
+                    dot(mask, gx, gy, gy)
                 if x == px + 1:
                     top, bottom = min(top, py), max(bottom, py)
-            dot(k, x, top, bottom)
+            dot(mask, x, top, bottom)
             prev = (x, end)
     rows = []
+    order = sorted(range(len(series)), key=lambda k: marker_of[k])  # lines first; a marker's colour wins
     for r in range(height):
         row = []
-        for col in range(width):
-            mark, owner, marked = 0, -1, False
-            for k in range(len(series)):
-                if masks[k][r][col]:
-                    mark |= masks[k][r][col]
-                    if marker_of[k] or not marked:
-                        owner = k  # later lines draw on top; a marker over any line
-                    marked = marked or marker_of[k]
+        for cell in range(r * width, (r + 1) * width):
+            mark, owner = 0, -1
+            for k in order:
+                bits = masks[k][cell]
+                if bits:
+                    mark |= bits
+                    owner = k  # later lines draw on top; a marker over any line
             row.append((chr(_BRAILLE + mark), owner))
         rows.append(row)
     return Plot(rows, lo, hi, log)
@@ -150,7 +159,7 @@ def axis_labels(p: Plot, height: int, unit: str = "") -> list[str]:
 
     def value(frac: float) -> float:
         v = p.lo + (1.0 - frac) * (p.hi - p.lo)  # exactly lo at the bottom: hi - (hi - lo) may round to 0
-        return 10**v if p.log else v
+        return 10 ** min(v, 308.0) if p.log else v  # a padded log axis may reach past the largest float
 
     width = LABEL_WIDTH - 1
     # The fewest digits (3 or more) at which the top and bottom labels differ (a nearly flat series).
@@ -225,18 +234,21 @@ def chart(
         p = plot(columns, cells, plot_h, log, [t.markers for t in traces], unit)
     if steps is None or p is None:
         empty = "(no positive values)" if log and any(t.series.count for t in traces) else "(no data yet)"
-        return [Text(" " * LABEL_WIDTH + empty, style="dim")] + [Text("")] * (height - 1)
+        said = next(t for t in (" " * LABEL_WIDTH + empty, empty, "no data", "-") if len(t) <= width)
+        return [Text(said, style="dim", no_wrap=True)] + [Text("")] * (height - 1)
     rows = []
     for label, row in zip(axis_labels(p, plot_h, unit), p.rows, strict=True):
         # The label is dim; the line keeps its own colour (a dim base style would dim it too).
         text = Text(no_wrap=True)
         text.append(label, style="dim")
-        # One append per run of cells of the same trace, not one per cell.
+        # One append per run of cells of the same trace, not one per cell; a blank cell joins any run.
         owner, run = row[0][1], list[str]()
         for ch, cell_owner in row:
-            if cell_owner != owner:
-                text.append("".join(run), style=traces[owner].style if owner >= 0 else "")
-                owner, run = cell_owner, []
+            if cell_owner >= 0 and cell_owner != owner:
+                if owner >= 0:
+                    text.append("".join(run), style=traces[owner].style)
+                    run = []
+                owner = cell_owner  # blanks before it take its style: they draw nothing
             run.append(ch)
         text.append("".join(run), style=traces[owner].style if owner >= 0 else "")
         rows.append(text)

@@ -97,33 +97,40 @@ class Series:
 
         Every series of a chart is placed on the same axis: a step lands at the
         same x whichever series it belongs to (an eval every 500 steps sits over
-        the train loss of that step).
+        the train loss of that step). Runs at every frame for every line: one
+        pass, no objects per point.
         """
         if dots <= 0 or not self.recent or end < start:
             return []
         exact = len(self.recent) == self.count  # every point of the run is still kept exactly
+        scale = (dots - 1) / (end - start) if end > start else 0.0
+        by_x: dict[int, list[float]] = {}  # x → [lo, hi, value, step]
         if exact or start >= self.recent[0][0]:
-            points = [Bucket(s, s, v, v, v) for s, v in self.recent if start <= s <= end]
+            for s, v in self.recent:
+                if s < start or s > end:
+                    continue
+                x = int((s - start) * scale + 0.5)
+                cell = by_x.get(x)
+                if cell is None:
+                    by_x[x] = [v, v, v, s]
+                else:
+                    if v < cell[0]:
+                        cell[0] = v
+                    elif v > cell[1]:
+                        cell[1] = v
+                    cell[2], cell[3] = v, s
         else:
-            points = [b for b in self.buckets if b.last >= start and b.first <= end]
-        return _columns(points, start, end, dots)
-
-
-def x_of(step: int, start: int, end: int, dots: int) -> int:
-    """The dot column of ``step`` on an axis from ``start`` (x = 0) to ``end`` (x = dots - 1)."""
-    if end <= start:
-        return 0
-    return min(max(round((step - start) * (dots - 1) / (end - start)), 0), dots - 1)
-
-
-def _columns(points: list[Bucket], start: int, end: int, dots: int) -> list[Column]:
-    by_x: dict[int, list[float | int]] = {}  # x → [lo, hi, value, step]
-    for p in points:
-        x = x_of(max(p.first, start), start, end, dots)
-        cell = by_x.get(x)
-        if cell is None:
-            by_x[x] = [p.lo, p.hi, p.value, p.last]
-        else:
-            cell[0], cell[1] = min(cell[0], p.lo), max(cell[1], p.hi)
-            cell[2], cell[3] = p.value, p.last
-    return [Column(x, int(c[3]), float(c[0]), float(c[1]), float(c[2])) for x, c in sorted(by_x.items())]
+            for b in self.buckets:
+                if b.last < start or b.first > end:
+                    continue
+                x = int((max(b.first, start) - start) * scale + 0.5)
+                cell = by_x.get(x)
+                if cell is None:
+                    by_x[x] = [b.lo, b.hi, b.value, b.last]
+                else:
+                    if b.lo < cell[0]:
+                        cell[0] = b.lo
+                    if b.hi > cell[1]:
+                        cell[1] = b.hi
+                    cell[2], cell[3] = b.value, b.last
+        return [Column(x, int(c[3]), c[0], c[1], c[2]) for x, c in sorted(by_x.items())]

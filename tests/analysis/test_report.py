@@ -1,0 +1,54 @@
+"""``report``'s summary: one streamed pass, evals summarised, a best loss that is not one lucky batch."""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+from collections.abc import Iterator
+from typing import Any
+
+from tuiwatch.analysis.report import as_text, lower_is_better, summarize
+
+
+def ledger(steps: int, evals_every: int = 1000) -> Iterator[dict[str, Any]]:
+    yield {"kind": "run", "t": 0.0, "name": "long", "run_id": "r1"}
+    for i in range(steps):
+        # A falling loss with one lucky batch at 0.001 early on: the smoothed best is not that batch.
+        loss = 0.001 if i == 500 else 2.0 / (1 + i / 1000) + 0.1 * math.sin(i)
+        yield {"kind": "step", "t": float(i), "step": i, "loss": loss, "lr": [0.1], "batch_ids": list(range(32))}
+        if i % evals_every == evals_every - 1:
+            yield {"kind": "eval", "t": float(i), "step": i, "val_loss": 1.0 + abs(i - 6000) / 10000, "val_acc": 0.5}
+    yield {"kind": "end", "t": float(steps), "reason": "finished"}
+
+
+def test_a_long_ledger_is_summarised_in_bounded_memory():
+    tracemalloc.start()
+    try:
+        summary = summarize(ledger(20_000))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert summary["steps"] == 20_000
+    # 20,000 step records held at once would be tens of MB; streamed, the rules' windows are all that stays.
+    assert peak < 8 * 2**20
+
+
+def test_the_best_loss_is_a_mean_of_steps_and_evals_have_their_best_and_last():
+    summary = summarize(ledger(10_000))
+    assert summary["min_loss"] == 0.001
+    assert summary["best_loss"] > 0.15  # the mean of the last 100 steps (~0.18), not the 0.001 batch
+    assert summary["best_step"] > 9_900  # near the end, where the loss is lowest
+    val = summary["eval_metrics"]["val_loss"]
+    assert (val["best"], val["best_step"]) == (1.0 + 1 / 10000, 5999)
+    assert (val["last"], val["last_step"]) == (1.0 + 3999 / 10000, 9999)
+    text = as_text(summary)
+    assert "eval       val_loss: last 1.4 at step 9999, best 1 at step 5999" in text
+    assert "best mean of 100 steps" in text
+
+
+def test_an_eval_metrics_direction_comes_from_its_name():
+    assert lower_is_better("val_loss") is True
+    assert lower_is_better("eval/perplexity") is True
+    assert lower_is_better("top1_acc") is False
+    assert lower_is_better("bleu") is False
+    assert lower_is_better("lr") is None
