@@ -141,7 +141,8 @@ def test_the_memory_pane_draws_any_readings(
     width: int,
 ):
     state = RunState(run=run, last_system={**system, "gpus": gpus})
-    lines = [cpu_line(memory_view(state, None)).plain] + [gpu_line(gpu_view(g)).plain for g in gpus or []]
+    lines = [cpu_line(memory_view(state, None), width).plain] + [gpu_line(gpu_view(g), width).plain for g in gpus or []]
+    assert all(len(line) <= width for line in lines)  # whole pieces that fit, never one cut into another number
     found = device_total(run, gpus)
     assert found is None or found > 0
     if total > 0 and math.isfinite(total) and math.isfinite(used):

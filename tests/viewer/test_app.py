@@ -284,9 +284,11 @@ async def test_the_alerts_pane_and_the_status_are_never_off_screen(size: tuple[i
         assert "help" in app.export_screenshot()
 
 
-async def test_full_screen_gives_every_pane_the_whole_screen():
+@pytest.mark.parametrize("size", [(60, 20), (80, 24), (120, 36), (200, 60)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_keys_at_every_size_full_screen_gives_every_pane_the_whole_screen(size: tuple[int, int]):
+    width, height = size
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
-    async with app.run_test(size=(80, 24)) as pilot:
+    async with app.run_test(size=size) as pilot:
         await until(pilot, lambda: app.state.status == "finished")
         for pane_type in (TrainingPane, TimingPane, MemoryPane, AlertsPane):
             pane = app.query_one(pane_type)
@@ -294,10 +296,20 @@ async def test_full_screen_gives_every_pane_the_whole_screen():
             await pilot.press("f")
             await drawn(pilot)
             assert app.screen.maximized is pane
-            assert pane.region.width == 80, pane_type.__name__  # not wider than the screen, not narrower
-            assert pane.region.height >= 22, pane_type.__name__  # not timing's 8 rows: all but the footer
+            assert pane.region.width == width, pane_type.__name__  # not wider than the screen, not narrower
+            assert pane.region.height == height - 1, pane_type.__name__  # not timing's 8 rows: all but the footer
             await pilot.press("f")
             assert app.screen.maximized is None
+        await pilot.press("w")
+        await drawn(pilot)
+        training = app.query_one(TrainingPane)
+        assert training.view is not None
+        assert training.view.loss.window == 1000
+        assert "last 1" in plain(training).splitlines()[0]  # "last 1,000 steps", or "last 1k" where narrow
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
 
 
 async def test_titles_show_the_last_steps_own_values_nan_included(tmp_path: Path):

@@ -105,7 +105,7 @@ class TuiwatchApp(App[None]):
     def on_mount(self) -> None:
         self._fit_layout()
         self.query_one(TrainingPane).focus()
-        self.set_interval(self.refresh_s, self.redraw)
+        self._ticker = self.set_interval(self.refresh_s, self.redraw)
         self.source.start(self.post_message)
         self.redraw(force=True)
 
@@ -124,6 +124,7 @@ class TuiwatchApp(App[None]):
             self._new_connection = False
         self.state.apply_all(message.records)
         self._dirty = True
+        self._ticker.resume()  # a followed ledger (or a reconnect) brings records after the end
         for r in self.state.take_answered():
             text = describe_action(r, str(r.get("action")))
             self.notify(safe(text), severity="information" if r.get("ok") else "error", markup=False)
@@ -132,6 +133,7 @@ class TuiwatchApp(App[None]):
         self._new_connection = True
 
     def on_source_disconnected(self, message: SourceDisconnected) -> None:
+        self._ticker.resume()
         was = self.state.status
         self.state.disconnected()
         self._dirty = True
@@ -139,12 +141,14 @@ class TuiwatchApp(App[None]):
             self.notify(safe(message.reason), title="disconnected", severity="warning", markup=False)
 
     def on_source_ended(self, message: SourceEnded) -> None:
+        self._ticker.resume()
         if self.state.status in ("live", "paused", "degraded", "connecting"):
             self.state.disconnected()  # the ledger ends without an end record: the run died
         self.loading = None
         self._dirty = True
 
     def on_source_progress(self, message: SourceProgress) -> None:
+        self._ticker.resume()
         self.loading = message.percent if message.percent < 100 else None
         self._dirty = True
 
@@ -157,6 +161,8 @@ class TuiwatchApp(App[None]):
         # A live run's clock ticks once a second; an ended run or a replay draws only when something changed.
         ticking = self.mode == "live" and self.state.live and int(now) != int(self._last_draw)
         if not (self._dirty or force or ticking):
+            if not self.state.live and self.loading is None:
+                self._ticker.pause()  # an ended run: nothing periodic until a record or a key
             return
         try:
             header = self.query_one(HeaderBar)

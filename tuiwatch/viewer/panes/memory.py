@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from tuiwatch.analysis.format import percent, safe, size, size_of, with_unit
-from tuiwatch.viewer.panes.base import Pane
+from tuiwatch.viewer.panes.base import Pane, fitted
 from tuiwatch.viewer.views import GpuView, MemoryView
 
 LABEL = 10  # "allocated " and "reserved  "
@@ -39,22 +39,27 @@ def bar(label: str, used: float, total: float, width: int, styles: dict[str, Sty
     )
 
 
-def gpu_line(gpu: GpuView) -> Text:
+def gpu_line(gpu: GpuView, width: int) -> Text:
+    """One GPU in whole pieces: a narrow pane drops the watts, then the temperature, never half a number."""
     run = f" (run {size(gpu.run_mem_used)})" if gpu.run_mem_used is not None else ""
-    return Text(
-        f"gpu{safe(gpu.index, 4)} {percent(gpu.util_percent)}  mem {size_of(gpu.mem_used, gpu.mem_total)}{run}"
-        f"  {with_unit(gpu.temp_c, '°C')}  {with_unit(gpu.power_w, 'W')}",
-        no_wrap=True,
-        overflow="ellipsis",
+    return fitted(
+        width,
+        [(f"gpu{safe(gpu.index, 4)} {percent(gpu.util_percent)}", "")],
+        [(f"  mem {size_of(gpu.mem_used, gpu.mem_total)}", "")],
+        [(run, "")],
+        [(f"  {with_unit(gpu.temp_c, '°C')}", "")],
+        [(f"  {with_unit(gpu.power_w, 'W')}", "")],
     )
 
 
-def cpu_line(v: MemoryView) -> Text:
+def cpu_line(v: MemoryView, width: int) -> Text:
+    """CPU, RSS and the loader workers in whole pieces: ``rss 305.9 …`` would be another number."""
     busy = f" ({v.workers_cpu_percent:.0f}% cpu)" if v.workers_cpu_percent is not None else ""
-    return Text(
-        f"cpu {percent(v.cpu_percent)}  rss {size(v.rss)}  workers {'-' if v.workers is None else v.workers}{busy}",
-        no_wrap=True,
-        overflow="ellipsis",
+    return fitted(
+        width,
+        [(f"cpu {percent(v.cpu_percent)}", "")],
+        [(f"  rss {size(v.rss)}", "")],
+        [(f"  workers {'-' if v.workers is None else v.workers}{busy}", "")],
     )
 
 
@@ -87,11 +92,11 @@ class MemoryPane(Pane):
                 if value is not None:
                     rows.append(bar(label, value, d.total, width, styles))
             rows.append(Text(f"of {size(d.total)} on {safe(d.device, 20)}", style=dim))
-        rows += [gpu_line(gpu) for gpu in v.gpus]
+        rows += [gpu_line(gpu, width) for gpu in v.gpus]
         if not v.gpus:
             text = f"no GPU: {safe(v.gpu_error, 120)}" if v.gpu_error else "no GPU readings"
             rows.append(Text(text, style=dim, no_wrap=True, overflow="ellipsis"))
-        rows.append(cpu_line(v))
+        rows.append(cpu_line(v, width))
         chart_h = self.content_region.height - len(rows)
         if chart_h > 0:
             rows.append(Text(f"{v.chart_label} over steps", style=dim))
