@@ -187,3 +187,13 @@ def test_timing_labels_are_in_time_units_and_byte_charts_have_a_minimum_span():
     }
     assert max(heights) - min(heights) <= 1
     assert len({label for label in labels if label}) == len([label for label in labels if label])  # no repeats
+
+
+def test_a_constant_series_is_labelled_with_its_value_on_its_own_row():
+    lr = of({step: 0.1 for step in range(500)})
+    for log in (False, True):
+        rows = drawn(lr, 40, 9, log=log)[:-1]
+        labelled = [r for r, line in enumerate(rows) if line.split("┤")[0].strip()]
+        drawn_on = [r for r, line in enumerate(rows) if any(ch not in " ⠀" for ch in line.split("┤")[1])]
+        assert [rows[r].split("┤")[0].strip() for r in labelled] == ["0.1"]  # not 0.0985 beside a line at 0.1
+        assert labelled == drawn_on

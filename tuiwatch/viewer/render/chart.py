@@ -41,6 +41,7 @@ class Plot:
     lo: float
     hi: float
     log: bool
+    flat: tuple[float, int] | None = None  # every point one value: (that value, the row it is drawn in)
 
 
 def _scale(value: float, log: bool) -> float | None:
@@ -150,18 +151,28 @@ def plot(
                     owner = k  # later lines draw on top; a marker over any line
             row.append((chr(_BRAILLE + mark), owner))
         rows.append(row)
-    return Plot(rows, lo, hi, log)
+    values = {v for cols in series for c in cols for v in (c.lo, c.hi)}
+    flat_y = y_dot(next(iter(values))) if len(values) == 1 else None
+    flat = (next(iter(values)), flat_y // 4) if flat_y is not None else None
+    return Plot(rows, lo, hi, log, flat)
 
 
 def axis_labels(p: Plot, height: int, unit: str = "") -> list[str]:
-    """Left labels: the top value on the first row, the bottom on the last, one in the middle if it differs."""
+    """Left labels: the top value on the first row, the bottom on the last, one in the middle if it differs;
+    for a flat series, only its value, on its row."""
     labels = [""] * height
+    width = LABEL_WIDTH - 1
+    if p.flat is not None:
+        # One value throughout (a constant lr): its own label on the row it is drawn in, not the axis's
+        # round numbers around it (a line at 0.1 beside a label 0.0985 reads as 0.0985).
+        value_at, row = p.flat
+        labels[row] = fit(value_at, width, unit)
+        return [label.rjust(width) + "┤" for label in labels]
 
     def value(frac: float) -> float:
         v = p.lo + (1.0 - frac) * (p.hi - p.lo)  # exactly lo at the bottom: hi - (hi - lo) may round to 0
         return 10 ** min(v, 308.0) if p.log else v  # a padded log axis may reach past the largest float
 
-    width = LABEL_WIDTH - 1
     # The fewest digits (3 or more) at which the top and bottom labels differ (a nearly flat series).
     digits = next((d for d in range(3, 7) if fit(value(0.0), width, unit, d) != fit(value(1.0), width, unit, d)), 3)
 
