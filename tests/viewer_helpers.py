@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+import orjson
 from rich.console import Group
 from rich.text import Text
 from textual.pilot import Pilot
@@ -13,6 +15,12 @@ from tuiwatch.viewer.app import TuiwatchApp
 from tuiwatch.viewer.panes.base import Pane
 
 FIXED_NOW = 1_796_230_000.0
+
+
+def write_ledger(path: Path, records: list[dict[str, Any]]) -> Path:
+    """``records`` as a ledger file at ``path`` (JSON Lines, as the publisher writes them)."""
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
 
 
 class RecordingApp(TuiwatchApp):

@@ -28,7 +28,7 @@ from tuiwatch.wire.discovery import find_socket_by_name
 from tuiwatch.wire.socketdir import list_sockets
 
 from ..helpers import LOADED_MACHINE_S, finish, start_training, wait_until
-from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, until
+from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, until, write_ledger
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 
@@ -81,8 +81,7 @@ async def test_a_run_counted_per_optimizer_step_without_measured_wait_says_so(tm
             {"kind": "step", "t": 2.0 + step, "step": step, "loss": 1.0 / (step + 1), "lr": [0.1], "micro_batches": 4}
             | {"data_wait_s": None, "compute_s": 0.25, "opt_step": step + 1}
         )
-    path = tmp_path / "ledger.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    path = write_ledger(tmp_path / "ledger.jsonl", records)
     app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
         await until(pilot, lambda: app.state.step == 4)
@@ -181,8 +180,7 @@ async def test_strings_from_a_run_are_shown_literally(tmp_path: Path):
         {"kind": "step", "t": 2.0, "step": 0, hostile: 0.5, "lr": [0.1]},
         {"kind": "alert", "t": 2.0, "rule": "loss-spike", "severity": "warning", "step": 0, "message": hostile},
     ]
-    path = tmp_path / "ledger.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    path = write_ledger(tmp_path / "ledger.jsonl", records)
     app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
         await until(pilot, lambda: app.state.step == 0)
@@ -320,8 +318,7 @@ async def test_titles_show_the_last_steps_own_values_nan_included(tmp_path: Path
         {"kind": "step", "t": 30.0, "step": 20, "loss": "nan", "lr": [0.1], "grad_norm": "inf",
          "grad_norm_clipped": True},
     ]  # fmt: skip
-    path = tmp_path / "ledger.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    path = write_ledger(tmp_path / "ledger.jsonl", records)
     app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
         await until(pilot, lambda: app.state.step == 20)

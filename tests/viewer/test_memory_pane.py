@@ -12,7 +12,7 @@ from tuiwatch.viewer.panes.memory import MemoryPane, bar
 from tuiwatch.viewer.sources import FileSource
 from tuiwatch.viewer.views import device_total
 
-from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, until
+from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, until, write_ledger
 
 GiB = 1 << 30
 
@@ -119,8 +119,7 @@ async def test_without_nvml_the_pane_says_why_and_shows_the_cpu_side(tmp_path: P
             "gpu_error": "NVML unavailable (NVML Shared Library Not Found)",
         },
     ]
-    path = tmp_path / "ledger.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    path = write_ledger(tmp_path / "ledger.jsonl", records)
     app = RecordingApp(FileSource(path), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(160, 40)) as pilot:
         await until(pilot, lambda: bool(app.state.last_system))
