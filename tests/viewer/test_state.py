@@ -99,3 +99,18 @@ def test_a_command_is_pending_until_its_action_arrives():
     state.apply({"kind": "action", "id": 4, "action": "pause", "ok": False, "error": "disk full", "step": 9})
     assert state.alerts[0].message == "pause failed: disk full"
     assert state.alerts[0].severity == "warning"
+
+
+def test_the_alert_pane_is_ordered_by_step_then_by_the_chain():
+    state = RunState()
+    alert = {"kind": "alert", "t": 1.0, "severity": "warning", "message": "m", "next_check": ""}
+    for rule, step in [("grad-explosion", 466), ("loss-chance", 466), ("loss-spike", 466), ("overfit", 500)]:
+        state.apply({**alert, "rule": rule, "step": step})
+    state.apply({**alert, "rule": "loss-spike", "step": 480})  # judged late: it goes where its step is
+    assert [(a.rule, a.step) for a in state.alerts] == [
+        ("overfit", 500),
+        ("loss-spike", 480),
+        ("loss-chance", 466),  # at one step, the cause above its symptoms, in the chain's order
+        ("loss-spike", 466),
+        ("grad-explosion", 466),
+    ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from tuiwatch.analysis.format import size
 from tuiwatch.ledger.fields import integer, is_number, num
 from tuiwatch.ledger.records import EVAL_FIELDS, RESERVED_METRIC_NAMES, Record
+from tuiwatch.rules import REGISTRY
 from tuiwatch.viewer.render.series import Series
 
 MAX_ALERTS = 200
@@ -142,7 +143,7 @@ class RunState:
 
     def _alert(self, r: Record) -> None:
         evidence = r.get("evidence")
-        self.alerts.appendleft(
+        self._insert(
             Alert(
                 severity=str(r.get("severity", "info")),
                 step=integer(r.get("step")),
@@ -154,6 +155,19 @@ class RunState:
                 samples=_ids(evidence.get("nonfinite_sample_ids")) if isinstance(evidence, dict) else (),
             )
         )
+
+    def _insert(self, alert: Alert) -> None:
+        """Newest step first; among alerts about one step, the first link of the chain on top.
+
+        A rule may name an earlier step than the last one (loss-spike judges a
+        loss 3 steps later): it goes where its step is, and at one step the
+        cause (loss-chance) stays above its symptom (loss-spike).
+        """
+        key = _order(alert)
+        at = next((i for i, a in enumerate(self.alerts) if _order(a) >= key), len(self.alerts))
+        if len(self.alerts) == self.alerts.maxlen and at == len(self.alerts):
+            return  # older than everything kept
+        self.alerts.insert(at, alert)
 
     def _action(self, r: Record) -> None:
         cmd_id = integer(r.get("id"))
@@ -208,6 +222,16 @@ class RunState:
             return None
         end = self.last_t if self.status in (*ENDED, "disconnected") or now is None else now
         return None if end is None else end - started
+
+
+# Where each rule sits in the chain data → model → loss → gradients → optimizer → parameters.
+_CHAIN = {rule: i for i, rule in enumerate(REGISTRY)}
+
+
+def _order(alert: Alert) -> tuple[float, int]:
+    """Sort key of the alert pane (ascending = higher up): a later step first, then the earlier link."""
+    step = float("inf") if alert.step is None else alert.step
+    return (-step, _CHAIN.get(alert.rule, len(_CHAIN)))
 
 
 def _ids(value: object) -> tuple[int, ...]:
