@@ -99,3 +99,17 @@ def test_attach_host_name_in_a_real_terminal(sshd: Sshd, run_root: Path, socket_
     subprocess.run([*tmux, "send-keys", "-t", "e2e", "q"], check=True)
     proc.kill()
     proc.wait()
+
+
+def test_a_target_that_is_an_ssh_option_is_refused_before_ssh_runs(socket_dir: Path, tmp_path: Path):
+    planted = tmp_path / "pwned"
+    out = tw(socket_dir, "attach", f"-oProxyCommand=touch {planted}:run", "--ssh", "ssh")
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        f"tuiwatch: error: '-oProxyCommand=touch {planted}' is not a host: a host name cannot start with '-' "
+        "(an ssh option?)"
+    )
+    assert not planted.exists()
+    remote = parse_remote("gpu-box:run", "ssh -p 2222")
+    assert remote is not None
+    assert remote.argv("relay", "7")[:5] == ["ssh", "-p", "2222", "-T", "--"]  # the host is never read as an option

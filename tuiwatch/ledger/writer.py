@@ -32,10 +32,11 @@ class FileLedger:
     last line, which readers skip.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, mode: int = 0o600):
         self.path = path
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        self._wfd = os.open(path, flags, 0o644)
+        # O_NOFOLLOW: a symlink planted where the ledger goes is refused, not written through.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        self._wfd = os.open(path, flags, mode)
         self._rfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         self.start = 0
         self.end = os.fstat(self._wfd).st_size

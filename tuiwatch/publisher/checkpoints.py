@@ -27,7 +27,7 @@ import torch
 
 from tuiwatch.analysis.format import size
 from tuiwatch.errors import TuiwatchError
-from tuiwatch.publisher.atomic import move_into_place
+from tuiwatch.publisher.atomic import create_file, move_into_place, private_dir
 from tuiwatch.publisher.nested import tensors
 
 FORMAT = 1
@@ -91,7 +91,10 @@ def restore_rng(states: dict[str, Any]) -> None:
 
 def write_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> tuple[Path, int]:
     """Write ``state`` as ``directory/step-<step>.pt`` atomically; (path, bytes) or :class:`CheckpointError`."""
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        private_dir(directory)  # never a symlink someone planted: the weights go where the run is
+    except OSError as exc:
+        raise CheckpointError(f"cannot write a checkpoint: {exc}") from None
     for stale in directory.glob(".tmp-*"):
         stale.unlink(missing_ok=True)  # left by a write that a crash interrupted
     need = sum(t.nbytes for t in tensors(state)) + (1 << 20)
@@ -104,7 +107,7 @@ def write_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> tuple
     final = directory / f"step-{step}.pt"
     tmp = directory / f".tmp-{final.name}-{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
+        with create_file(tmp) as f:  # O_EXCL | O_NOFOLLOW: a symlink raced onto tmp is refused
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())

@@ -31,7 +31,7 @@ from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.records import AlertRecord, Record
-from tuiwatch.publisher.atomic import fsync_path, move_into_place
+from tuiwatch.publisher.atomic import create_file, fsync_path, modes, move_into_place, private_dir, write_file
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 from tuiwatch.publisher.environment import environment
 from tuiwatch.publisher.nested import tensors
@@ -127,8 +127,7 @@ def write_dump(
     nonfinite_ids: list[int] | None = None,
 ) -> Path:
     """Write ``dumps/<step>-<reason>/`` atomically and return its path."""
-    parent = run_dir / "dumps"
-    parent.mkdir(exist_ok=True)
+    parent = private_dir(run_dir / "dumps")
     final = parent / f"{step}-{reason}"
     n = 1
     while final.exists():
@@ -136,19 +135,21 @@ def write_dump(
         final = parent / f"{step}-{reason}-{n}"
     tmp = parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp.mkdir(mode=modes()[0])  # a fresh name: mkdir fails rather than follow anything planted there
     try:
         files = ["dump.json", "records.jsonl"]
         if batch is not None:
-            torch.save(_to_cpu(batch), tmp / "batch.pt")
+            with create_file(tmp / "batch.pt") as f:
+                torch.save(_to_cpu(batch), f)
             files.append("batch.pt")
         if weights is not None:
-            torch.save({k: v.detach().cpu() for k, v in weights.items()}, tmp / "weights.pt")
+            with create_file(tmp / "weights.pt") as f:
+                torch.save({k: v.detach().cpu() for k, v in weights.items()}, f)
             files.append("weights.pt")
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            (tmp / "cuda_memory.txt").write_text(torch.cuda.memory_summary())
+            write_file(tmp / "cuda_memory.txt", torch.cuda.memory_summary().encode())
             files.append("cuda_memory.txt")
-        (tmp / "records.jsonl").write_bytes(b"".join(encode(r) for r in records))
+        write_file(tmp / "records.jsonl", b"".join(encode(r) for r in records))
         meta = {
             "reason": reason,
             "step": step,
@@ -158,7 +159,7 @@ def write_dump(
             "env": environment(seed),
             "files": sorted(files),
         }
-        (tmp / "dump.json").write_text(json.dumps(meta, indent=1, default=repr))
+        write_file(tmp / "dump.json", json.dumps(meta, indent=1, default=repr).encode())
         for name in files:
             fsync_path(tmp / name)
         move_into_place(tmp, final)

@@ -16,6 +16,7 @@ import torch
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.records import SCHEMA, RunRecord
 from tuiwatch.publisher import environment
+from tuiwatch.publisher.atomic import modes
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.wire.socketdir import safe_name
 
@@ -31,18 +32,40 @@ def new_run_dir(root: Path, name: str) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = root / f"{safe_name(name)}-{stamp}"
     candidate, n = base, 1
+
+    def refused(exc: OSError) -> TuiwatchError:
+        return TuiwatchError(
+            f"cannot create the run directory {candidate}: {exc.strerror}; "
+            "give Watch(run_dir=...) a writable directory, or run_dir=None for no ledger file"
+        )
+
+    try:
+        root.mkdir(parents=True, exist_ok=True)  # the root is the user's: a shared runs/ stays as they made it
+    except OSError as exc:
+        raise refused(exc) from None
     while True:
         try:
-            candidate.mkdir(parents=True)
+            candidate.mkdir(mode=modes()[0])  # private: the run's argv, weights and batches live here
             return candidate
         except FileExistsError:
             n += 1
             candidate = base.with_name(f"{base.name}-{n}")
         except OSError as exc:
-            raise TuiwatchError(
-                f"cannot create the run directory {candidate}: {exc.strerror}; "
-                "give Watch(run_dir=...) a writable directory, or run_dir=None for no ledger file"
-            ) from None
+            raise refused(exc) from None
+
+
+def shared_root_warning(root: Path) -> str | None:
+    """One line when another user could swap what is in ``root`` (the run directory's parent): it is theirs,
+    or anyone may write to it without the sticky bit. The run directory itself is private either way."""
+    try:
+        st = root.stat()
+    except OSError:
+        return None
+    if st.st_uid != os.geteuid():
+        return f"run_dir {root} belongs to uid {st.st_uid}: its owner can rename this run's directory; use your own"
+    if st.st_mode & 0o002 and not st.st_mode & 0o1000:
+        return f"run_dir {root} is writable by every user without the sticky bit: use a directory of your own"
+    return None
 
 
 def start_line(name: str, ledger: Path | None, socket_path: Path | None, socket_error: str | None) -> str:

@@ -33,9 +33,10 @@ from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import LEDGER_NAME
 from tuiwatch.ledger.records import AlertRecord, Record, RunRecord
 from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
+from tuiwatch.publisher.atomic import modes
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.background.server import TcpListener, bind_private_socket, open_tcp_listener
-from tuiwatch.publisher.run_record import make_run_record, new_run_dir
+from tuiwatch.publisher.run_record import make_run_record, new_run_dir, shared_root_warning
 from tuiwatch.rules import Diagnosis
 from tuiwatch.wire.protocol import Command
 from tuiwatch.wire.socketdir import TCP_FILE_SUFFIX, ensure_socket_dir, remove_stale_sockets, socket_path
@@ -53,8 +54,12 @@ class Listeners:
 def open_store(run_dir: str | Path | None, name: str) -> tuple[Path | None, LedgerStore]:
     if run_dir is None:
         return None, MemoryTail()
-    directory = new_run_dir(Path(run_dir).absolute(), name)  # every path shown is absolute
-    return directory, FileLedger(directory / LEDGER_NAME)
+    root = Path(run_dir).absolute()  # every path shown is absolute
+    directory = new_run_dir(root, name)
+    warning = shared_root_warning(root)
+    if warning is not None:
+        print(f"tuiwatch: {name}: {warning}", file=sys.stderr)
+    return directory, FileLedger(directory / LEDGER_NAME, modes()[1])
 
 
 def open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:

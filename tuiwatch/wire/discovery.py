@@ -152,7 +152,8 @@ class Remote:
 
     def argv(self, *args: str) -> list[str]:
         # ssh joins the remote words with spaces for the remote shell: quote them as one string.
-        return [*shlex.split(self.ssh), "-T", self.host, shlex.join([*shlex.split(self.tuiwatch), *args])]
+        # "--": whatever the host is, ssh reads it as a host, never as an option (-oProxyCommand=...).
+        return [*shlex.split(self.ssh), "-T", "--", self.host, shlex.join([*shlex.split(self.tuiwatch), *args])]
 
 
 def parse_remote(target: str | None, ssh: str | None = None, tuiwatch: str | None = None) -> Remote | None:
@@ -160,6 +161,8 @@ def parse_remote(target: str | None, ssh: str | None = None, tuiwatch: str | Non
     if not target or ":" not in target:
         return None
     host, _, name = target.partition(":")
+    if host.startswith("-"):
+        raise TuiwatchError(f"{host!r} is not a host: a host name cannot start with '-' (an ssh option?)")
     if not host or "/" in host:
         return None  # a path with a colon in it
     return Remote(

@@ -20,6 +20,7 @@ from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.fields import integer, num
 from tuiwatch.ledger.records import GapRecord, Record
 from tuiwatch.ledger.writer import FileLedger
+from tuiwatch.publisher.atomic import modes
 
 RETRY_S = 1.0
 
@@ -57,7 +58,7 @@ class DiskGap:
         if self.file is None and (retry_now or now >= self._next_try):
             self._next_try = now + self.retry_s
             with contextlib.suppress(OSError):
-                self.file = FileLedger(self.path)
+                self.file = FileLedger(self.path, modes()[1])
         if self.file is None:
             self.lost_records(records)
             return
