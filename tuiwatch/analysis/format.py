@@ -11,14 +11,38 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import orjson
+
 from tuiwatch.ledger.fields import finite
 from tuiwatch.ledger.numbers import fit, number, quantity
 
-__all__ = ["duration", "fit", "number", "percent", "quantity", "safe", "seconds_short", "size", "size_of", "with_unit"]
+__all__ = [
+    "duration",
+    "fit",
+    "json_text",
+    "number",
+    "percent",
+    "quantity",
+    "safe",
+    "seconds_short",
+    "size",
+    "size_of",
+    "with_unit",
+]
 
 # C0 and C1 controls (ESC starts CSI/OSC sequences; 0x9b is a one-byte CSI), DEL,
 # and the bidi overrides that can make text read differently from its bytes.
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# What JSON leaves raw in a string that a terminal still obeys (C0 controls JSON escapes itself).
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def json_text(obj: Any, indent: bool = True) -> str:
+    """``obj`` as JSON that is safe to print: C1 controls and bidi overrides in strings, which JSON allows raw
+    and a terminal obeys (U+009B starts a CSI), are written as ``\\uXXXX`` escapes. NaN and inf become null."""
+    option = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS if indent else orjson.OPT_NON_STR_KEYS
+    text = orjson.dumps(obj, option=option, default=str).decode()
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def safe(text: object, limit: int = 200) -> str:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from tuiwatch.analysis.diff import FIELDS, as_text, compare
+from tuiwatch.analysis.format import json_text
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.reader import read_ledger
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     a, b = ledgers
     found = compare(a, b, rtol=args.rtol, atol=args.atol, fields=fields)
     if args.json:
-        print(json.dumps(found.as_dict()))
+        print(json_text(found.as_dict(), indent=False))
     else:
         print(as_text(found, fields))
     return 0 if found.identical else 1

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import orjson
-
+from tuiwatch.analysis.format import json_text, safe
 from tuiwatch.wire.discovery import as_dicts, list_live_runs
 
 
@@ -36,13 +35,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         runs = list_live_runs()
     if args.json:
-        print(orjson.dumps(as_dicts(runs), option=orjson.OPT_INDENT_2).decode())
+        print(json_text(as_dicts(runs)))
         return 0
     if not runs:
         print("no live runs (start one with: tuiwatch demo)")
         return 0
     rows = [("NAME", "PID", "STEP", "STATUS", "SOCKET")]
-    rows += [(r.name, str(r.pid), "-" if r.step is None else str(r.step), r.status, r.socket) for r in runs]
+    # Names, statuses and paths come from other processes' files: shown literally (no escape reaches the terminal).
+    rows += [
+        (safe(r.name, 80), str(r.pid), "-" if r.step is None else str(r.step), safe(r.status, 20), safe(r.socket, 300))
+        for r in runs
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + "  " + row[4])

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from tuiwatch._version import __version__
+from tuiwatch.analysis.format import safe
 from tuiwatch.cli import attach, demo, diff, doctor, ls, relay, replay, report
 from tuiwatch.errors import TuiwatchError
 
@@ -44,7 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except TuiwatchError as exc:
-        print(f"tuiwatch: error: {exc}", file=sys.stderr)
+        # A message may hold a run's name or a path from a ledger: shown literally, never as escapes.
+        print(f"tuiwatch: error: {safe(str(exc), 1000)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

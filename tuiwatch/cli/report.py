@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import orjson
+from tuiwatch.analysis.format import json_text
 
 
 def add_parser(sub: Any) -> None:
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     chain = read_run(args.path)  # a resumed run is reported as one run, from its first step
     summary = summarize(chain.iter_records(), chain=chain)  # streamed: bounded memory, whatever the length
     if args.json:
-        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+        print(json_text(summary))  # strings from the ledger: no raw C1 control or bidi override reaches the terminal
     else:
         print(as_text(summary))
     return 0

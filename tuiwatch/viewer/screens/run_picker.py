@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import Footer, OptionList, Static
@@ -23,7 +24,11 @@ class RunPicker(App[LiveRun | None]):
         yield OptionList(
             *(
                 Option(
-                    f"{safe(r.name, 40):<24} pid {r.pid:<8} step {'-' if r.step is None else r.step:<8} {r.status}",
+                    # Rich Text, not a str: a name like "[reverse]x" is shown as written, never parsed as markup.
+                    Text(
+                        f"{safe(r.name, 40):<24} pid {r.pid:<8} step {'-' if r.step is None else r.step:<8} "
+                        f"{safe(r.status, 20)}"
+                    ),
                     id=str(i),
                 )
                 for i, r in enumerate(self.runs)
