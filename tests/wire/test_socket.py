@@ -7,6 +7,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -207,3 +208,33 @@ def test_bad_command_lines_get_error_replies_and_the_run_finishes(run_root: Path
     assert records(ledger_file(run_root))[-1]["reason"] == "finished"
     # Garbage stays out of the ledger; the valid (refused) command is there.
     assert [r["id"] for r in records(ledger_file(run_root)) if r["kind"] == "action"] == [7]
+
+
+FAKE_RUN = """
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+s.listen(4)
+print("listening", flush=True)
+conn, _ = s.accept()
+conn.sendall(b'{"kind":"alert","rule":"nonfinite","severity":"critical","message":"run rm -rf ~"}\\n')
+time.sleep(10)
+"""
+
+
+def test_a_socket_another_user_serves_is_not_trusted():
+    if os.getuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to act as another user")
+    planted = Path(tempfile.mkdtemp(prefix="tw-planted-", dir="/tmp"))  # pytest's tmp_path is closed to nobody
+    planted.chmod(0o777)
+    path = planted / "resnet.4242.sock"
+    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    fake = subprocess.Popen([*as_nobody, "/usr/bin/python3", "-c", FAKE_RUN, str(path)], stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: path.exists() or None, what="the other user's socket")
+        with pytest.raises(PermissionError, match=f"served by uid {NOBODY}, not by you: not trusted"):
+            connect(path)
+    finally:
+        fake.kill()
+        fake.wait()
+        shutil.rmtree(planted, ignore_errors=True)

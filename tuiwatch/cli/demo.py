@@ -123,7 +123,7 @@ def _train_with_fault(args: argparse.Namespace) -> int:
 def _train_and_view(args: argparse.Namespace) -> int:
     from tuiwatch.viewer.app import TuiwatchApp
     from tuiwatch.viewer.sources import SocketSource
-    from tuiwatch.wire.socketdir import list_sockets, socket_dir
+    from tuiwatch.wire.socketdir import check_private_dir, list_sockets, socket_dir
 
     argv = [sys.executable, "-m", "tuiwatch", "demo", "--no-viewer", "--model", args.model]
     argv += ["--steps", str(args.steps), "--delay", str(args.delay), "--seed", str(args.seed)]
@@ -138,7 +138,7 @@ def _train_and_view(args: argparse.Namespace) -> int:
                     err.seek(0)
                     last = err.read().decode(errors="replace").strip().splitlines()
                     raise TuiwatchError(f"the demo training did not start: {last[-1] if last else 'no output'}")
-                path = next((e.path for e in list_sockets(socket_dir()) if e.pid == child.pid), None)
+                path = next((e.path for e in list_sockets(check_private_dir(socket_dir())) if e.pid == child.pid), None)
                 time.sleep(0.05)  # waiting for another process to create its socket
             TuiwatchApp(SocketSource(path, None), fps=args.fps, quit_does=DEMO_QUIT).run()
         finally:

@@ -24,6 +24,7 @@ Nothing read from a socket is unpickled or evaluated: JSON only.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from collections.abc import Iterator
@@ -100,14 +101,24 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 def connect(path: str | Path, timeout: float = 2.0) -> socket.socket:
-    """A connected client socket to a run; OSError when nothing listens there."""
+    """A connected client socket to a run of this user's; OSError when nothing listens there.
+
+    The server's uid is checked (``SO_PEERCRED``) before a byte is read or
+    sent: a socket another user planted (in a socket directory they made
+    first, or by a path given on the command line) is not a run to believe,
+    nor one to send commands to.
+    """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
         sock.connect(str(path))
+        uid = peer_uid(sock)
     except OSError:
         sock.close()
         raise
+    if uid != os.getuid():
+        sock.close()
+        raise PermissionError(f"{path} is served by uid {uid}, not by you: not trusted (another user's socket?)")
     return sock
 
 

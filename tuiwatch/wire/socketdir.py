@@ -27,8 +27,8 @@ def socket_dir() -> Path:
     return Path(f"/tmp/tuiwatch-{os.getuid()}")
 
 
-def check_private_dir(path: Path) -> None:
-    """Raise :class:`UnsafeSocketDirError` unless ``path`` is a real directory only we can use."""
+def check_private_dir(path: Path) -> Path:
+    """``path``, or :class:`UnsafeSocketDirError` unless it is a real directory only we can use."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -41,13 +41,15 @@ def check_private_dir(path: Path) -> None:
         raise UnsafeSocketDirError(f"socket directory {path} is not a directory: remove it or set TUIWATCH_DIR")
     if st.st_uid != os.getuid():
         raise UnsafeSocketDirError(
-            f"socket directory {path} is owned by uid {st.st_uid}, not you: set TUIWATCH_DIR to a directory of yours"
+            f"socket directory {path} is owned by uid {st.st_uid}, not you (another user made it first): "
+            "export TUIWATCH_DIR=$XDG_RUNTIME_DIR/tuiwatch, or any directory only you can write"
         )
     if st.st_mode & 0o077:
         raise UnsafeSocketDirError(
             f"socket directory {path} has mode {stat.S_IMODE(st.st_mode):04o}, other users could reach "
             f"the runs: run 'chmod 700 {path}'"
         )
+    return path
 
 
 def ensure_socket_dir(path: Path | None = None) -> Path:
