@@ -95,6 +95,8 @@ class StepRecord(_StepFields, total=False):
     classes: int
     micro_batches: int  # step_per="optimizer": the batches folded into this optimizer step
     scale: float  # the GradScaler's loss scale at the step's end
+    batch_ids_count: int  # batch_ids holds only the first 4,096 of this many
+    batch_ids_digest: str  # blake2b-64 of all the ids (int64, little-endian): equal batches, equal digests
 
 
 class SystemRecord(TypedDict, total=False):
@@ -220,7 +222,15 @@ SYSTEM_FIELDS = ("cpu_percent", "rss", "workers", "gpus")
 END_REASONS = ("finished", "stopped", "nonfinite", "exception", "killed")
 
 # Fields a step record carries only when they apply (docs/ledger.md).
-STEP_OPTIONAL_FIELDS = ("opt_skipped", "oom", "classes", "micro_batches", "scale")
+STEP_OPTIONAL_FIELDS = (
+    "opt_skipped",
+    "oom",
+    "classes",
+    "micro_batches",
+    "scale",
+    "batch_ids_count",
+    "batch_ids_digest",
+)
 
 # Names a user cannot log as metrics: they would shadow what tuiwatch measures.
 RESERVED_METRIC_NAMES = frozenset(("kind", "t", *STEP_FIELDS, *STEP_OPTIONAL_FIELDS))

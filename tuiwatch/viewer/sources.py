@@ -54,18 +54,32 @@ class _Batcher:
 
     def __init__(self, post: Post):
         self.post = post
-        self.splitter = LineSplitter(MAX_LINE)
+        self.splitter = LineSplitter(MAX_LINE, skip_long=True)
         self.pending: list[Record] = []
         self.last_post = time.monotonic()
+        self.skipped = 0
 
     def feed(self, data: bytes) -> None:
-        for line in self.splitter.feed(data):  # ProtocolError ends the stream
+        for line in self.splitter.feed(data):
             if not line.strip():
                 continue
             try:
                 self.pending.append(decode(line))
             except DecodeError:
                 continue
+        if self.splitter.skipped > self.skipped:
+            # A record over the limit (a 200,000-sample batch's ids, say) is left out and said, not fatal.
+            self.skipped = self.splitter.skipped
+            self.pending.append(
+                {
+                    "kind": "alert",
+                    "rule": "viewer",
+                    "severity": "warning",
+                    "step": None,
+                    "message": f"{self.skipped} record(s) over {MAX_LINE >> 20} MiB skipped: not shown",
+                    "next_check": "a record that large is a bug of the writer (tuiwatch caps what it writes)",
+                }
+            )
 
     def flush(self, force: bool = False) -> None:
         if self.pending and (force or time.monotonic() - self.last_post >= BATCH_S):

@@ -72,25 +72,50 @@ def command_line(cmd: str, cmd_id: int) -> bytes:
 
 
 class LineSplitter:
-    """Splits a byte stream into lines, refusing any line over ``limit`` bytes."""
+    """Splits a byte stream into lines, refusing any line over ``limit`` bytes.
 
-    def __init__(self, limit: int = MAX_LINE_BYTES):
+    Refusing ends the stream (:class:`ProtocolError`): what a run's server
+    does to a viewer that sends a huge command. A viewer reading a run skips
+    such a line instead (``skip_long``) and counts it in :attr:`skipped`: one
+    oversized record must not cost it the connection and the whole history.
+    """
+
+    def __init__(self, limit: int = MAX_LINE_BYTES, skip_long: bool = False):
         self.limit = limit
+        self.skip_long = skip_long
+        self.skipped = 0
         self._buf = bytearray()
+        self._discarding = False  # inside a line already counted as too long: drop bytes up to its newline
 
     def feed(self, data: bytes) -> list[bytes]:
         """Complete lines in ``data`` (without newline); :class:`ProtocolError` if one is too long."""
+        if self._discarding:
+            nl = data.find(b"\n")
+            if nl < 0:
+                return []
+            data, self._discarding = data[nl + 1 :], False
         self._buf += data
         lines = []
         while True:
             nl = self._buf.find(b"\n")
             if nl < 0:
                 break
-            lines.append(bytes(self._buf[:nl]))
+            line = bytes(self._buf[:nl])
             del self._buf[: nl + 1]
-        if len(self._buf) > self.limit or any(len(line) > self.limit for line in lines):
-            raise ProtocolError(f"line longer than {self.limit} bytes")
+            if len(line) > self.limit:
+                self._too_long()
+                continue
+            lines.append(line)
+        if len(self._buf) > self.limit:
+            self._too_long()
+            self._buf.clear()
+            self._discarding = True
         return lines
+
+    def _too_long(self) -> None:
+        if not self.skip_long:
+            raise ProtocolError(f"line longer than {self.limit} bytes")
+        self.skipped += 1
 
 
 def peer_uid(sock: socket.socket) -> int:
