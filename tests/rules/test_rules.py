@@ -246,6 +246,16 @@ def test_a_loss_back_at_chance_mid_run_is_named_at_its_step_before_the_jump_it_m
     assert "from this step on" in alerts[0]["message"]
 
 
+def test_a_diverging_optimizer_is_not_called_labels_at_chance():
+    # big-lr: a learned loss blows up past ln C, and the gradient norm with it (x30, then x2000).
+    records = [step(i, loss=0.05 + 0.01 * (i % 3), grad_norm=0.1, classes=2 if i == 0 else None) for i in range(60)]
+    records += [step(60 + i, loss=10.0 * 30**i, grad_norm=3.0 * 8**i) for i in range(6)]
+    assert fired(records, "loss-chance") == []
+    # The same jump with gradients a few times their median is labels that no longer follow the inputs.
+    shuffled = records[:60] + [step(60 + i, loss=5.0, grad_norm=0.5) for i in range(6)]
+    assert fired(shuffled, "loss-chance") == [("loss-chance", 60, "warning")]
+
+
 def test_loss_chance_is_quiet_on_a_learned_loss_with_heavy_tails():
     # A learned classifier (median ~0.1 ln C) with one batch in ten at 2 x ln C: never four in a row.
     rng = random.Random(4)  # noqa: S311 - reproducible noise, not a secret

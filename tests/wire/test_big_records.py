@@ -58,7 +58,7 @@ def test_a_replay_shows_every_other_record_and_says_one_was_skipped(tmp_path: Pa
     lines.insert(3, orjson.dumps({"kind": "step", "t": 9.0, "step": 99, "batch_ids": list(range(300_000))}))
     path = tmp_path / "ledger.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
-    state, posted = RunState(), []
+    state, posted = RunState(), list[Any]()
     FileSource(path)._run(posted.append)
     for message in posted:
         state.apply_all(getattr(message, "records", []))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -155,12 +156,16 @@ def run_style(
     )
     g = torch.Generator().manual_seed(seed)
 
-    slow = [False]  # the planted slow loader: set from the fault's step on
+    # The planted slow loader, from the fault's step on: a wait per batch of twice the step time measured
+    # before it (20 ms at least). A fixed 20 ms was under half of an autocast step on a loaded machine: a
+    # loader that slow is not the bottleneck there, and data-bound rightly said nothing.
+    slow = [0.0]
+    step_times: list[float] = []
 
     def slowed(loader: Any) -> Iterator[Any]:
         for batch in loader:
             if slow[0]:
-                time.sleep(0.02)  # inside the loader's iteration: what watch.batches() times as data wait
+                time.sleep(slow[0])  # inside the loader's iteration: what watch.batches() times as data wait
             yield batch
 
     def batches() -> Iterator[tuple[Any, torch.Tensor]]:
@@ -173,7 +178,7 @@ def run_style(
 
     def get_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if slow[0]:
-            time.sleep(0.02)
+            time.sleep(slow[0])
         ix = torch.randint(0, N, (BATCH,), generator=g)
         return x[ix], y[ix], ix
 
@@ -227,7 +232,9 @@ def run_style(
         with watch.fetching():
             X, Y, ix = get_batch()
     for step in range(steps):
-        slow[0] = plan.fault == "slow-loader" and plan.on(step)
+        started = time.perf_counter()
+        if plan.fault == "slow-loader" and plan.on(step) and not slow[0]:
+            slow[0] = max(0.02, 2 * statistics.median(step_times[-50:] or [0.0]))
         for _ in range(accumulate):
             if source is not None:
                 xb, yb = next(source)
@@ -243,6 +250,7 @@ def run_style(
             scaled = loss / accumulate
             (scaler.scale(scaled) if scaler is not None else scaled).backward()  # type: ignore[no-untyped-call]
         update(step)
+        step_times.append(time.perf_counter() - started)
         if (step + 1) % 100 == 0:
             validate(step)
     watch.close()

@@ -65,7 +65,9 @@ class LossChance(Rule):
     and the last ``jump`` losses are all at ln(C) or above (labels that stop
     following the inputs mid-run), and the alert names the first of those
     steps; no schedule or step count is needed, the model has shown it can
-    learn. Either clears when the median of the
+    learn. Not when the gradient norm of those steps went over
+    ``grad_ratio`` × its median before: that is an optimizer diverging
+    (``grad-explosion``), not labels. Either clears when the median of the
     losses since it fired (at least ``jump``, at most ``window``) falls below
     ``(1 - 2 * tolerance) * ln(C)``.
     """
@@ -80,13 +82,15 @@ class LossChance(Rule):
         tolerance: float = 0.1,
         learned: float = 0.5,
         jump: int = 4,
+        grad_ratio: float = 20.0,
     ):
         super().__init__()
         self.classes = classes
         self.source = "rules={'loss-chance': {'classes': ...}}" if classes is not None else None
         self.window, self.min_steps, self.tolerance = window, min_steps, tolerance
-        self.learned, self.jump = learned, jump
+        self.learned, self.jump, self.grad_ratio = learned, jump, grad_ratio
         self.recent: deque[float] = deque(maxlen=window)
+        self.grads: deque[float] = deque(maxlen=window)  # the grad norms of the same steps, when recorded
         self.steps: deque[object] = deque(maxlen=jump)  # the steps of the last `jump` losses
         self.seen = 0
         self.since_fired = 0
@@ -113,6 +117,8 @@ class LossChance(Rule):
             return None
         self.recent.append(loss)
         self.steps.append(record.get("step"))
+        norm = num(record.get("grad_norm"))
+        self.grads.append(0.0 if norm is None else norm if math.isfinite(norm) else math.inf)  # 0.0: not recorded
         self.seen += 1
         self.since_fired += 1
         if self.classes is None or self.classes < 2:
@@ -134,7 +140,15 @@ class LossChance(Rule):
         if len(before) < self.jump * 5 or min(last) < (1 - self.tolerance) * chance:
             return None
         median = statistics.median(before)
-        return median if median < self.learned * chance else None
+        if median >= self.learned * chance:
+            return None
+        # Gradients that blew up with the loss are a diverging optimizer (grad-explosion's to name), not
+        # labels that changed: with shuffled labels they rise a few times, not by grad_ratio.
+        grads = list(self.grads)
+        usual = statistics.median(grads[: -self.jump]) if len(grads) > self.jump else 0.0
+        if usual > 0 and max(grads[-self.jump :]) > self.grad_ratio * usual:
+            return None
+        return median
 
     def check(self, record: Record) -> AlertRecord | None:
         chance = self._push(record)
