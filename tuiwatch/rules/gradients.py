@@ -7,6 +7,7 @@ import statistics
 from collections import deque
 
 from tuiwatch.ledger.fields import num
+from tuiwatch.ledger.numbers import number
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
 from tuiwatch.rules.base import Rule
 
@@ -43,9 +44,13 @@ class GradExplosion(Rule):
             self.id,
             "warning",
             record.get("step"),
-            f"grad norm {norm:.3g}"
-            + (f" is {norm / median:.0f}x its recent median {median:.3g}" if jumped and median else " is huge")
-            + f"; last: {' → '.join(f'{v:.3g}' for v in last)}",
+            f"grad norm {number(norm, 3)}"
+            + (
+                f" is {number(norm / median, 3)}x its recent median {number(median, 3)}"
+                if jumped and median
+                else " is huge"
+            )
+            + f"; last: {' → '.join(number(v, 3) for v in last)}",
             {"grad_norm": norm, "median": median, "last": last},
             "lower the lr, check init and normalisation, clip gradients",
         )

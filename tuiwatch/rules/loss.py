@@ -8,6 +8,7 @@ from collections import deque
 from typing import Any
 
 from tuiwatch.ledger.fields import integer, num
+from tuiwatch.ledger.numbers import number
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
 from tuiwatch.rules.base import Rule, top_lr
 
@@ -164,7 +165,8 @@ class LossChance(Rule):
             "classes_from": self.source,
             "schedule": "no lr in the records"
             if self.last_lr is None
-            else f"lr {self.last_lr:.3g}, not risen for {self.since_rise} steps (peak {self.peak_lr:.3g})",
+            else f"lr {number(self.last_lr, 3)}, not risen for {self.since_rise} steps "
+            f"(peak {number(self.peak_lr, 3)})",
         }
         step = record.get("step")
         if before is not None:
@@ -309,14 +311,18 @@ class LossSpike(Rule):
         loss = float(spike["loss"])
         median = statistics.median(self.recent)
         shifted = after > self.ordinary_top
-        jumped = f"{loss / median:.1f}x its recent median {median:.4g}" if median > 0 else f"far above {median:.4g}"
+        jumped = (
+            f"{number(loss / median, 3)}x its recent median {number(median)}"
+            if median > 0
+            else f"far above {number(median)}"
+        )
         ids = spike.get("batch_ids")
         return alert_record(
             self.id,
             "warning",
             spike.get("step"),
-            f"loss {loss:.4g} jumped to {jumped}"
-            + (f" and stayed up (median {after:.4g} over the next {len(self.after)} steps)" if shifted else ""),
+            f"loss {number(loss)} jumped to {jumped}"
+            + (f" and stayed up (median {number(after)} over the next {len(self.after)} steps)" if shifted else ""),
             {
                 "loss": loss,
                 "median": median,
@@ -332,8 +338,9 @@ class LossSpike(Rule):
         )
 
     def clears(self, record: Record) -> bool:
-        # A spike is one step: ordinary losses end it.
-        return self._over(record) is False
+        # A spike is one step: ordinary losses end it. After a level shift nothing is ordinary until the new
+        # level has its own window (a diverging loss would otherwise re-arm and fire every 30 steps).
+        return self._over(record) is False and self.bar is not None
 
 
 class Overfit(Rule):
@@ -396,8 +403,8 @@ class Overfit(Rule):
             self.id,
             "warning",
             record.get("step"),
-            f"eval loss rose {self.rises} times in a row to {value:.4g} (best {best:.4g}) "
-            f"while the training loss fell to {train:.4g} (from {train_at_best:.4g})",
+            f"eval loss rose {self.rises} times in a row to {number(value)} (best {number(best)}) "
+            f"while the training loss fell to {number(train)} (from {number(train_at_best)})",
             {
                 "eval_loss": value,
                 "best_eval_loss": best,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from tuiwatch.ledger.fields import num
+from tuiwatch.ledger.numbers import number
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
 from tuiwatch.rules.base import Rule, top_lr
 
@@ -114,11 +115,11 @@ class NoUpdate(Rule):
         top = top_lr(record)
         fallen = top is not None and top <= self.lr_fallen * self.peak_lr
         message = (
-            f"gradients are nonzero (norm {record.get('grad_norm'):.3g}) but the parameters do not change "
+            f"gradients are nonzero (norm {number(record.get('grad_norm'), 3)}) but the parameters do not change "
             f"(update norm {record.get('update_norm')}, param norm {record.get('param_norm')})"
         )
         if fallen:
-            message += f"; the lr fell to {top:.3g} from {self.peak_lr:.3g}"
+            message += f"; the lr fell to {number(top, 3)} from {number(self.peak_lr, 3)}"
         return alert_record(
             self.id,
             "critical",
