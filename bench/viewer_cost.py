@@ -3,7 +3,7 @@
 Each pair runs the demo training (``tuiwatch demo --no-viewer --delay 0``,
 the MLP on one torch thread, a few hundred steps a second) twice, in random
 order: alone, and with a viewer attached over its socket (the real
-``TuiwatchApp``, headless, at the default 10 frames a second, exiting when the
+``TuiwatchApp``, headless, at ``--fps`` frames a second (the viewer's default), exiting when the
 run ends). Throughput is steps over the ledger's own first-to-last-step time;
 the viewer's CPU is its process time from its first step record to the
 run's end (start-up and imports left out: they are paid once). On a shared,
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.viewer import DEFAULT_FPS
 from tuiwatch.wire.socketdir import list_sockets, socket_dir
 
 VIEWER = """
@@ -83,7 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--fps", type=float, default=10.0)
+    parser.add_argument("--fps", type=float, default=DEFAULT_FPS)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="tw-cost-"))
     ratios, shares, rates = [], [], []

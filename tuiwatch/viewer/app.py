@@ -16,6 +16,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Footer
 
 from tuiwatch.analysis.format import safe
+from tuiwatch.viewer import DEFAULT_FPS
 from tuiwatch.viewer.messages import (
     RecordsReceived,
     SourceConnected,
@@ -36,7 +37,6 @@ from tuiwatch.viewer.state import RunState, describe_action
 from tuiwatch.viewer.views import build_views
 
 COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiwatch.tcss)
-DEFAULT_FPS = 10.0  # frames a second at most; a frame is drawn only when something changed
 READ_ONLY = "replay is read-only: commands need a live run (tuiwatch attach)"
 COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
 
