@@ -30,3 +30,8 @@ def test_numbers_sizes_and_durations_are_short():
     ]
     assert [size(v) for v in (512, 2048, 3 * 1024**3)] == ["512 B", "2.0 KiB", "3.0 GiB"]
     assert [duration(v) for v in (5, 125, 7500, 200000)] == ["5s", "2m05s", "2h05m", "2d07h"]
+
+
+def test_a_clock_from_anywhere_is_written_short():
+    assert duration(1.7e308) == "1.968e303d"  # not three hundred digits
+    assert duration(200 * 86400) == "200d00h"

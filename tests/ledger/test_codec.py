@@ -4,10 +4,11 @@ import math
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuiwatch.ledger.codec import decode, encode
+from tuiwatch.ledger.codec import DecodeError, decode, encode
 from tuiwatch.ledger.reader import read_ledger, tail_records
 from tuiwatch.ledger.writer import FileLedger, MemoryTail
 
@@ -94,3 +95,14 @@ def test_memory_tail_keeps_offsets_and_forgets_the_oldest():
     assert (tail.start, tail.end) == (5, 15)
     assert tail.read(0, 100) == b"bbbb\ncccc\n"  # what was forgotten is skipped, not invented
     assert tail.read(12, 100) == b"cc\n"
+
+
+def test_a_line_nested_hundreds_deep_is_a_decode_error_not_a_recursion_error(tmp_path: Path):
+    deep = b'{"kind":"step","step":1,"x":' + b"[" * 600 + b"]" * 600 + b"}"
+    with pytest.raises(DecodeError, match="nested deeper than 32"):
+        decode(deep)
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_bytes(b'{"kind":"step","step":0,"loss":1.0}\n' + deep + b'\n{"kind":"step","step":2,"loss":1.0}\n')
+    reader = read_ledger(ledger)
+    assert [r["step"] for r in reader] == [0, 2]
+    assert reader.skipped == 1  # skipped and counted, like a torn line

@@ -89,7 +89,9 @@ def duration(seconds: Any) -> str:
         return f"{s // 60}m{s % 60:02d}s"
     if s < 86400:
         return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+    if s < 1000 * 86400:
+        return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+    return f"{number(value / 86400)}d"  # a clock from a ledger written anywhere: 1.7e308 s is "2e303d", not 300 digits
 
 
 def seconds_short(seconds: Any) -> str:

@@ -60,11 +60,18 @@ def encode(record: Record) -> bytes:
     return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
 
 
-def _restore_nonfinite(value: Any) -> Any:
+# Lists of lists deeper than this are not a metric: a hostile line of 600 nested lists raised RecursionError
+# (on the publisher's thread, and in report) before this limit.
+MAX_DEPTH = 32
+
+
+def _restore_nonfinite(value: Any, depth: int = 0) -> Any:
     if isinstance(value, str):
         return _NONFINITE_TEXT.get(value, value)
     if isinstance(value, list):
-        return [_restore_nonfinite(v) for v in value]
+        if depth >= MAX_DEPTH:
+            raise DecodeError(f"lists nested deeper than {MAX_DEPTH}")
+        return [_restore_nonfinite(v, depth + 1) for v in value]
     return value
 
 
