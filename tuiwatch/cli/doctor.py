@@ -10,6 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tuiwatch.analysis.format import size
+from tuiwatch.ledger.litter import sweep_stale_temps
+
 # Run in a child interpreter: torch stays out of this process, and a broken CUDA setup cannot hang it.
 TORCH_PROBE = (
     "import torch; c = torch.cuda.is_available(); "
@@ -79,11 +82,15 @@ def _run_dir(run_dir: str) -> tuple[str, str, str]:
             pass
     except OSError as exc:
         return "fail", f"run directory {path}: cannot write ({exc.strerror})", "give Watch(run_dir=...) a writable one"
+    removed, freed = sweep_stale_temps(path)
+    swept = (
+        f"; removed {removed} half-written checkpoint/dump file(s) of killed runs ({size(freed)})" if removed else ""
+    )
     free = os.statvfs(path)
     gib = free.f_bavail * free.f_frsize / 2**30
     if gib < 1:
-        return "warn", f"run directory {path}: writable, {gib:.2f} GiB free", "checkpoints need room: free some space"
-    return "ok", f"run directory {path}: writable, {gib:.1f} GiB free", ""
+        return "warn", f"run directory {path}: writable, {gib:.2f} GiB free{swept}", "checkpoints need room: free some"
+    return "ok", f"run directory {path}: writable, {gib:.1f} GiB free{swept}", ""
 
 
 def run(args: argparse.Namespace) -> int:

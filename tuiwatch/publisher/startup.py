@@ -28,8 +28,10 @@ from typing import Any
 
 import torch
 
+from tuiwatch.analysis.format import size
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import encode
+from tuiwatch.ledger.litter import sweep_stale_temps
 from tuiwatch.ledger.reader import LEDGER_NAME
 from tuiwatch.ledger.records import AlertRecord, Record, RunRecord
 from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
@@ -59,6 +61,10 @@ def open_store(run_dir: str | Path | None, name: str) -> tuple[Path | None, Ledg
     warning = shared_root_warning(root)
     if warning is not None:
         print(f"tuiwatch: {name}: {warning}", file=sys.stderr)
+    removed, freed = sweep_stale_temps(root)
+    if removed:
+        print(f"tuiwatch: {name}: removed {removed} half-written checkpoint/dump file(s) of killed runs "
+              f"under {root} ({size(freed)})", file=sys.stderr)  # fmt: skip
     return directory, FileLedger(directory / LEDGER_NAME, modes()[1])
 
 
