@@ -209,3 +209,31 @@ def test_a_full_disk_refuses_the_checkpoint_and_training_goes_on(
     assert reply["error"].startswith("not enough space in ")
     assert "free space or move run_dir" in reply["error"]
     assert not list((tmp_path).glob("*/checkpoints/*.pt"))
+
+
+def test_a_flood_of_dumps_costs_the_run_one_dump_and_the_next_is_rate_limited(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "2000", "--step-sleep", "0.005")
+    flood = Client(socket_dir)
+    flood.until_step(5)
+    # 3,000 dumps in one write: one is queued, the rest refused at once (already queued, or busy); the
+    # server drops a viewer that lets its replies pile up, which this one does.
+    flood.sock.sendall(b"".join(command_line("dump", i) for i in range(1, 3001)))
+    ledger = ledger_file(run_root)
+    wait_until(lambda: any(r["kind"] == "action" and r["ok"] for r in records(ledger)) or None, what="the dump")
+    flood.close()
+    client = Client(socket_dir)
+    client.send("dump", 5000)  # right behind the flood: refused (one queued already, or one a second at most)
+    late = client.reply(5000)
+    refusals = ("a dump is already queued for the next step boundary", "busy: ")
+    assert late["ok"] is False
+    assert late["error"].startswith(refusals) or late["error"].endswith("ago: at most one a second")
+    first = next(r for r in records(ledger) if r["kind"] == "action" and r["ok"])
+    client.until_step(first["step"] + 50)  # training goes on
+    client.close()
+    finish(proc)
+    actions = [r for r in records(ledger) if r["kind"] == "action"]
+    written = [r for r in actions if r["ok"]]
+    assert 1 <= len(written) <= 2  # one, and another only if the flood was still arriving a second later
+    for r in actions:
+        assert r["ok"] or r["error"].startswith(refusals) or r["error"].endswith("at most one a second"), r
+    assert len(list(ledger.parent.glob("dumps/*-request"))) == len(written)

@@ -9,9 +9,13 @@ pause is a wait at the boundary that keeps serving commands.
 
 from __future__ import annotations
 
+import math
+import shutil
+import time
 from collections.abc import Callable
 from typing import Any
 
+from tuiwatch.analysis.format import size
 from tuiwatch.errors import StopRequested, TuiwatchError
 from tuiwatch.ledger.records import ActionRecord, action_record
 from tuiwatch.publisher.checkpoints import CheckpointError, write_checkpoint
@@ -20,6 +24,9 @@ from tuiwatch.publisher.dumps import DumpWriter
 from tuiwatch.publisher.steps import StepTracker
 from tuiwatch.wire.protocol import Command
 
+# A viewer's dumps: at most one a second, and only with room for the batch and this much to spare.
+MIN_DUMP_INTERVAL_S = 1.0
+DUMP_SPARE_BYTES = 64 << 20
 NO_RUN_DIR = "this run has no run directory (Watch(run_dir=None)): nowhere to write"
 
 
@@ -39,6 +46,7 @@ class CommandRunner:
         self.queue = CommandQueue()
         self.paused = False
         self.should_stop = False
+        self._last_dump = -math.inf  # monotonic time of the last dump a viewer asked for
 
     def pending(self) -> bool:
         """Whether the boundary has anything to do: one truthiness test when nothing is queued."""
@@ -115,6 +123,15 @@ class CommandRunner:
     def _dump(self, reason: str) -> str:
         if self.dumps.run_dir is None:
             raise CommandRefused(NO_RUN_DIR)
+        now = time.monotonic()
+        if reason == "request" and now - self._last_dump < MIN_DUMP_INTERVAL_S:
+            raise CommandRefused(f"a dump was written {now - self._last_dump:.1f} s ago: at most one a second")
         tracker = self.tracker
+        kept = tracker.last_batch
+        need = (kept.nbytes if kept is not None else 0) + DUMP_SPARE_BYTES
+        free = shutil.disk_usage(self.dumps.run_dir).free
+        if free < need:
+            raise CommandRefused(f"not enough space for a dump in {self.dumps.run_dir}: {size(free)} free")
+        self._last_dump = now
         fallback = max(tracker.step - 1, 0)
         return self.dumps.on_request(reason, tracker.last_batch, fallback, list(tracker.pipeline.recent))
