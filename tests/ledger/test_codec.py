@@ -106,3 +106,12 @@ def test_a_line_nested_hundreds_deep_is_a_decode_error_not_a_recursion_error(tmp
     reader = read_ledger(ledger)
     assert [r["step"] for r in reader] == [0, 2]
     assert reader.skipped == 1  # skipped and counted, like a torn line
+
+
+def test_a_line_longer_than_any_record_is_skipped_in_bounded_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("tuiwatch.ledger.reader.MAX_RECORD_BYTES", 1024)  # a 3 GB line, scaled down
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_bytes(b'{"kind":"step","step":0}\n' + b"x" * 100_000 + b'\n{"kind":"step","step":2}\n' + b"y" * 5000)
+    reader = read_ledger(ledger)
+    assert [r["step"] for r in reader] == [0, 2]
+    assert reader.skipped == 2  # the long line, and the long unterminated tail

@@ -38,6 +38,10 @@ def _mtime(ledger: Path) -> float:
         return 0.0
 
 
+# No record tuiwatch writes comes near this (a step line stays under 64 KiB); a longer line is not a record.
+MAX_RECORD_BYTES = 16 << 20
+
+
 class LedgerReader:
     """Iterates over the records of a ledger file.
 
@@ -55,7 +59,14 @@ class LedgerReader:
         self.skipped = 0
         self.torn_tail = False
         with open(self.path, "rb") as f:
-            for line in f:
+            while line := f.readline(MAX_RECORD_BYTES + 1):
+                if len(line) > MAX_RECORD_BYTES and not line.endswith(b"\n"):
+                    # A line longer than any record (3 GB without a newline read until MemoryError): skipped
+                    # in bounded chunks up to its end, and counted.
+                    while (rest := f.readline(MAX_RECORD_BYTES + 1)) and not rest.endswith(b"\n"):
+                        pass
+                    self.skipped += 1
+                    continue
                 if not line.strip():
                     continue
                 try:
