@@ -14,6 +14,7 @@ from rich.text import Text
 
 from tuiwatch.analysis.format import number
 from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.viewer.app import TuiwatchApp
 from tuiwatch.viewer.messages import SourceEnded, SourceProgress
 from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import Pane
@@ -366,3 +367,14 @@ def test_a_replay_reports_its_progress_and_opens_the_newest_run_of_a_directory(t
     assert progress[-1] == 100
     assert progress == sorted(progress)
     assert isinstance(posted[-1], SourceEnded)
+
+
+class BrokenSource(FileSource):
+    def start(self, post: Any) -> None:
+        raise RuntimeError("a bug in a source")
+
+
+def test_a_viewer_that_crashes_exits_non_zero():
+    app = TuiwatchApp(BrokenSource(LEDGERS / "healthy.jsonl"))
+    app.run = lambda *a, **k: TuiwatchApp.run(app, headless=True)  # type: ignore[method-assign]
+    assert app.run_viewer() == 1  # the CLI exits 1, not 0, after Textual's traceback

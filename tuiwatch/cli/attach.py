@@ -76,18 +76,16 @@ def run(args: argparse.Namespace) -> int:
         from tuiwatch.viewer.sources import TcpSource
 
         check_tcp_target(over_tcp)
-        TuiwatchApp(TcpSource(over_tcp), fps=args.fps).run()
-        return 0
+        return TuiwatchApp(TcpSource(over_tcp), fps=args.fps).run_viewer()
     remote = parse_remote(args.target, args.ssh, args.remote_tuiwatch)
     if remote is not None:
         from tuiwatch.viewer.app import TuiwatchApp
         from tuiwatch.viewer.sources import CommandSource
 
         chosen = choose_remote_run(remote)
-        TuiwatchApp(
+        return TuiwatchApp(
             CommandSource(remote.argv("relay", str(chosen.pid)), f"{remote.host}:{chosen.name}"), fps=args.fps
-        ).run()
-        return 0
+        ).run_viewer()
     found = resolve_target(args.target)
     if isinstance(found, list):
         from tuiwatch.viewer.screens.run_picker import pick_run
@@ -102,5 +100,4 @@ def run(args: argparse.Namespace) -> int:
 
     if not Path(found.socket).exists():
         raise TuiwatchError(f"the run {found.name} went away before the viewer started")
-    TuiwatchApp(SocketSource(Path(found.socket), found.name, find_socket_by_name), fps=args.fps).run()
-    return 0
+    return TuiwatchApp(SocketSource(Path(found.socket), found.name, find_socket_by_name), fps=args.fps).run_viewer()

@@ -140,7 +140,7 @@ def _train_and_view(args: argparse.Namespace) -> int:
                     raise TuiwatchError(f"the demo training did not start: {last[-1] if last else 'no output'}")
                 path = next((e.path for e in list_sockets(check_private_dir(socket_dir())) if e.pid == child.pid), None)
                 time.sleep(0.05)  # waiting for another process to create its socket
-            TuiwatchApp(SocketSource(path, None), fps=args.fps, quit_does=DEMO_QUIT).run()
+            code = TuiwatchApp(SocketSource(path, None), fps=args.fps, quit_does=DEMO_QUIT).run_viewer()
         finally:
             if child.poll() is None:
                 os.kill(child.pid, signal.SIGINT)  # the demo ends its ledger with reason "stopped"
@@ -152,4 +152,4 @@ def _train_and_view(args: argparse.Namespace) -> int:
         f"tuiwatch demo: q ended the demo's training; its ledger is under {args.run_dir}/ "
         f"(tuiwatch replay {args.run_dir})"
     )
-    return 0
+    return code

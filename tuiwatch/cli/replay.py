@@ -24,5 +24,4 @@ def run(args: argparse.Namespace) -> int:
     from tuiwatch.viewer.app import TuiwatchApp
     from tuiwatch.viewer.sources import FileSource
 
-    TuiwatchApp(FileSource(args.path, follow=args.follow), fps=args.fps).run()
-    return 0
+    return TuiwatchApp(FileSource(args.path, follow=args.follow), fps=args.fps).run_viewer()

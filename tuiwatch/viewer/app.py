@@ -82,6 +82,11 @@ class TuiwatchApp(App[None]):
         self._commands_enabled: bool | None = None
         self.mode = "live" if source.live else "replay"
 
+    def run_viewer(self) -> int:
+        """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""
+        self.run()
+        return self.return_code or 0
+
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
         with Horizontal(id="body"):
