@@ -42,6 +42,13 @@ def plain(widget: Pane) -> str:
     return "\n".join(p.plain for p in parts if isinstance(p, Text))
 
 
+def shown(app: TuiwatchApp, status: str) -> Any:
+    """A predicate for :func:`until`: the run reached ``status`` and a replay has read its whole ledger (the
+    end record is applied a moment before the source says it has read the last byte: the header says
+    "loading 99%" in between)."""
+    return lambda: app.state.status == status and app.loading is None
+
+
 async def until(pilot: Pilot[Any], predicate: Any, timeout: float = 20.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

@@ -29,7 +29,7 @@ from tuiwatch.wire.discovery import find_socket_by_name
 from tuiwatch.wire.socketdir import list_sockets
 
 from ..helpers import LOADED_MACHINE_S, finish, start_training, wait_until
-from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, until, write_ledger
+from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, shown, until, write_ledger
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 
@@ -39,7 +39,7 @@ async def test_replay_shows_the_ledgers_values_on_every_pane():
     last = steps[-1]
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
-        await until(pilot, lambda: app.state.status == "finished", what="the replay to finish")
+        await until(pilot, shown(app, "finished"), what="the replay to finish")
         await drawn(pilot)
         header = app.query_one(HeaderBar).render().plain  # type: ignore[union-attr]
         assert "demo-mlp@gpu-box" in header
@@ -61,7 +61,7 @@ async def test_replay_shows_the_ledgers_values_on_every_pane():
 async def test_replay_shows_command_keys_disabled_and_sends_nothing():
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.state.status == "finished")
+        await until(pilot, shown(app, "finished"))
         for key in ("c", "d", "p", "s"):
             await pilot.press(key)
         assert [app.check_action(a, ()) for a in ("checkpoint", "dump", "pause", "stop", "help")] == [
@@ -103,7 +103,7 @@ async def test_stop_from_the_viewer_ends_the_run_with_reason_stopped(tmp_path: P
         await pilot.press("s")
         assert isinstance(app.screen, ConfirmStop)
         await pilot.press("y")
-        await until(pilot, lambda: app.state.status == "stopped", what="the run to stop")
+        await until(pilot, shown(app, "stopped"), what="the run to stop")
         assert any(a.message.startswith("stop requested; final checkpoint ") for a in app.state.alerts)
         assert app.check_action("checkpoint", ()) is None  # nothing to command any more
     finish(run)
@@ -112,7 +112,7 @@ async def test_stop_from_the_viewer_ends_the_run_with_reason_stopped(tmp_path: P
 async def test_a_pane_redraws_only_when_its_view_changed():
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
-        await until(pilot, lambda: app.state.status == "finished", what="the replay to finish")
+        await until(pilot, shown(app, "finished"), what="the replay to finish")
         await drawn(pilot)
         panes: list[Any] = [app.query_one(cls) for cls in (TrainingPane, TimingPane, MemoryPane, AlertsPane)]
         views = [pane.view for pane in panes]
@@ -129,7 +129,7 @@ async def test_a_pane_redraws_only_when_its_view_changed():
 async def test_keys_change_the_window_full_screen_help_and_quit():
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.state.status == "finished")
+        await until(pilot, shown(app, "finished"))
         training = app.query_one(TrainingPane)
         await pilot.press("w")
         await drawn(pilot)
@@ -155,13 +155,13 @@ async def test_keys_change_the_window_full_screen_help_and_quit():
 async def test_a_disconnected_run_without_end_record():
     app = RecordingApp(FileSource(LEDGERS / "killed.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(80, 24)) as pilot:
-        await until(pilot, lambda: app.state.status == "disconnected", what="disconnected")
+        await until(pilot, shown(app, "disconnected"), what="disconnected")
 
 
 async def test_alerts_are_shown_newest_first_with_their_next_check():
     app = RecordingApp(FileSource(LEDGERS / "alerts.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
-        await until(pilot, lambda: app.state.status == "failed")
+        await until(pilot, shown(app, "failed"))
         await drawn(pilot)
         lines = plain(app.query_one(AlertsPane)).splitlines()
         assert lines[0] == "crit    120 nonfinite: first at step 120, boundary=grad (loss finite, grad norm inf)"
@@ -223,7 +223,7 @@ async def test_live_run_status_goes_live_disconnected_live_finished(tmp_path: Pa
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
         # Seen within about 0.1 s on an idle machine; a viewer that missed the end would wait forever.
-        await until(pilot, lambda: app.state.status == "disconnected", timeout=LOADED_MACHINE_S, what="disconnected")
+        await until(pilot, shown(app, "disconnected"), timeout=LOADED_MACHINE_S, what="disconnected")
 
         os.unlink(path)  # a killed run leaves its socket file behind; the next run cleans up too
         second = start_training(
@@ -231,7 +231,7 @@ async def test_live_run_status_goes_live_disconnected_live_finished(tmp_path: Pa
         )
         await until(pilot, lambda: app.state.run.get("pid") == second.pid, what="reconnected to the restarted run")
         assert app.state.status in ("live", "finished")
-        await until(pilot, lambda: app.state.status == "finished", what="the second run to finish")
+        await until(pilot, shown(app, "finished"), what="the second run to finish")
         steps = [r["step"] for r in read_ledger(next((tmp_path / "b").glob("*/ledger.jsonl"))) if r["kind"] == "step"]
         assert app.state.step == steps[-1]
         assert app.state.metrics["loss"].count == len(steps)
@@ -256,7 +256,7 @@ async def test_replay_of_a_resumed_run_shows_it_from_its_first_step(tmp_path: Pa
     )
     app = RecordingApp(FileSource(b), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(120, 36)) as pilot:
-        await until(pilot, lambda: app.state.status == "disconnected")  # no end record: a killed run
+        await until(pilot, shown(app, "disconnected"))  # no end record: a killed run
         loss = app.state.metrics["loss"]
         assert loss.count == 9  # steps 0-4 from the first ledger, 5-8 from the resumed one
         assert app.state.step == 8
@@ -268,7 +268,7 @@ async def test_replay_of_a_resumed_run_shows_it_from_its_first_step(tmp_path: Pa
 async def test_the_alerts_pane_and_the_status_are_never_off_screen(size: tuple[int, int]):
     app = RecordingApp(FileSource(LEDGERS / "alerts.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: app.state.status == "failed")
+        await until(pilot, shown(app, "failed"))
         await drawn(pilot)
         alerts = app.query_one(AlertsPane)
         width, height = size
@@ -288,7 +288,7 @@ async def test_keys_at_every_size_full_screen_gives_every_pane_the_whole_screen(
     width, height = size
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=size) as pilot:
-        await until(pilot, lambda: app.state.status == "finished")
+        await until(pilot, shown(app, "finished"))
         for pane_type in (TrainingPane, TimingPane, MemoryPane, AlertsPane):
             pane = app.query_one(pane_type)
             pane.focus()
@@ -341,7 +341,7 @@ async def test_titles_show_the_last_steps_own_values_nan_included(tmp_path: Path
 async def test_a_replay_says_replay_and_the_runs_own_duration():
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW + 10_000)
     async with app.run_test(size=(120, 36)) as pilot:
-        await until(pilot, lambda: app.state.status == "finished")
+        await until(pilot, shown(app, "finished"))
         await drawn(pilot)
         header = app.query_one(HeaderBar).render().plain  # type: ignore[union-attr]
         records = list(read_ledger(LEDGERS / "healthy.jsonl"))

@@ -17,7 +17,7 @@ import pytest
 from tuiwatch.viewer.app import TuiwatchApp
 from tuiwatch.viewer.sources import FileSource
 
-from ..viewer_helpers import FIXED_NOW, until
+from ..viewer_helpers import FIXED_NOW, shown, until
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 # healthy.jsonl has three evals; alerts.jsonl ends nonfinite; killed.jsonl has no end record.
@@ -31,7 +31,7 @@ def test_viewer_snapshot(snap_compare: Any, ledger: str, size: tuple[int, int]) 
     app = TuiwatchApp(FileSource(LEDGERS / f"{ledger}.jsonl"), clock=lambda: FIXED_NOW)
 
     async def settled(pilot: Any) -> None:
-        await until(pilot, lambda: app.state.status == CASES[ledger], what=CASES[ledger])
+        await until(pilot, shown(app, CASES[ledger]), what=CASES[ledger])
         app.redraw(force=True)
         await pilot.pause()
 

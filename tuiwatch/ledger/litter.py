@@ -18,7 +18,8 @@ from pathlib import Path
 _TEMP = re.compile(r"^\.tmp-.+-(\d+)$")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (another user's counts: it may still be writing)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -44,7 +45,7 @@ def sweep_stale_temps(root: Path) -> tuple[int, int]:
             continue
         for entry in entries:
             found = _TEMP.match(entry.name)
-            if found is None or _alive(int(found.group(1))):
+            if found is None or pid_alive(int(found.group(1))):
                 continue
             try:
                 size = _size(entry)

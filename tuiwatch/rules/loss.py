@@ -300,17 +300,17 @@ class LossSpike(Rule):
             return None
         spike, self.pending = self.pending, None
         after = statistics.median(self.after)
-        found = self._alert(spike, after)
-        if after > self.ordinary_top:
+        shifted = after > self.ordinary_top  # the next losses stayed up: a level shift, not one batch
+        found = self._alert(spike, after, shifted)
+        if shifted:
             # The run changed at that step: the old window no longer describes its noise. Start over.
             self.recent.clear()
             self.bar, self.added = None, 0
         return found
 
-    def _alert(self, spike: Record, after: float) -> AlertRecord:
+    def _alert(self, spike: Record, after: float, shifted: bool) -> AlertRecord:
         loss = float(spike["loss"])
         median = statistics.median(self.recent)
-        shifted = after > self.ordinary_top
         jumped = (
             f"{number(loss / median, 3)}x its recent median {number(median)}"
             if median > 0

@@ -33,7 +33,7 @@ from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
 from tuiwatch.viewer.screens.help import QUIT, HelpScreen
 from tuiwatch.viewer.sources import Source
-from tuiwatch.viewer.state import RunState, describe_action
+from tuiwatch.viewer.state import ENDED, RunState, describe_action
 from tuiwatch.viewer.views import build_views
 
 COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiwatch.tcss)
@@ -128,8 +128,7 @@ class TuiwatchApp(App[None]):
             self.state = RunState(pending=self.state.pending)
             self._new_connection = False
         self.state.apply_all(message.records)
-        self._dirty = True
-        self._ticker.resume()  # a followed ledger (or a reconnect) brings records after the end
+        self._changed()
         for r in self.state.take_answered():
             text = describe_action(r, str(r.get("action")))
             self.notify(safe(text), severity="information" if r.get("ok") else "error", markup=False)
@@ -138,24 +137,27 @@ class TuiwatchApp(App[None]):
         self._new_connection = True
 
     def on_source_disconnected(self, message: SourceDisconnected) -> None:
-        self._ticker.resume()
         was = self.state.status
         self.state.disconnected()
-        self._dirty = True
-        if was not in ("finished", "stopped"):
+        self._changed()
+        if was not in ENDED:
             self.notify(safe(message.reason), title="disconnected", severity="warning", markup=False)
 
     def on_source_ended(self, message: SourceEnded) -> None:
-        self._ticker.resume()
-        if self.state.status in ("live", "paused", "degraded", "connecting"):
+        if self.state.live:
             self.state.disconnected()  # the ledger ends without an end record: the run died
         self.loading = None
-        self._dirty = True
+        self._changed()
 
     def on_source_progress(self, message: SourceProgress) -> None:
-        self._ticker.resume()
         self.loading = message.percent if message.percent < 100 else None
+        self._changed()
+
+    def _changed(self) -> None:
+        """Something to draw: the next tick draws it (the ticker sleeps once a run has ended; a followed
+        ledger or a reconnect brings records after the end)."""
         self._dirty = True
+        self._ticker.resume()
 
     def redraw(self, force: bool = False) -> None:
         """Push a view down to each pane (at most ``fps`` times a second; once a second for a live run's clock).

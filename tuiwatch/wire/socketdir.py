@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuiwatch.errors import UnsafeSocketDirError
+from tuiwatch.ledger.litter import pid_alive
 from tuiwatch.wire.protocol import connect
 
 SOCKET_SUFFIX = ".sock"
@@ -101,21 +102,11 @@ def list_sockets(directory: Path) -> list[SocketEntry]:
     return [e for e in (parse_socket_name(p) for p in names) if e is not None]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_sockets(directory: Path) -> list[SocketEntry]:
     """Remove sockets whose process is gone or that nothing listens on; return the live ones."""
     live = []
     for entry in list_sockets(directory):
-        stale = not _pid_alive(entry.pid)
+        stale = not pid_alive(entry.pid)
         if not stale:
             try:
                 connect(entry.path, timeout=1.0).close()
@@ -131,7 +122,7 @@ def remove_stale_sockets(directory: Path) -> list[SocketEntry]:
     # TCP token files (see tuiwatch.wire.tcp) of runs that died without closing.
     for path in directory.glob(f"*.*{TCP_FILE_SUFFIX}"):
         pid = path.name[: -len(TCP_FILE_SUFFIX)].rpartition(".")[2]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             with contextlib.suppress(OSError):
                 os.unlink(path)
     return live

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.widget import Widget
@@ -34,7 +35,7 @@ def fitted(width: int, *groups: Sequence[Piece], rank: Sequence[int] | None = No
     order = sorted(range(len(groups)), key=lambda i: rank[i] if rank is not None else i)
     kept, used = set(), 0
     for i in order:
-        need = sum(len(part) for part, _ in groups[i])
+        need = sum(cell_len(part) for part, _ in groups[i])  # cells, not characters: a CJK run name is 2 a char
         if used + need <= width:
             kept.add(i)
             used += need

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.reactive import reactive
@@ -50,7 +51,7 @@ class TrainingPane(Pane):
                 (f"   {safe(v.eval_name, 24)} ", self.style_of("eval")),
                 (number(v.eval_value), self.value_style(v.eval_value)),
             ]
-        used = sum(len(part) for part, _ in [*train, *evaluation])
+        used = sum(cell_len(part) for part, _ in [*train, *evaluation])
         label = f"   {window_label(v.loss.window, v.step_unit)}"
         if used + len(label) > width:
             label = f"  {window_label(v.loss.window, short=True)}"  # "last 1k": the window still shows
