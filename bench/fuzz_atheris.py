@@ -28,14 +28,15 @@ with atheris.instrument_imports():
     from tuiwatch.rules import Diagnosis
     from tuiwatch.viewer.state import MAX_ALERTS, MAX_METRICS, RunState
     from tuiwatch.wire.protocol import LineSplitter, ProtocolError, parse_command
-    from tuiwatch.wire.tcp import could_be_token_line, token_matches
+    from tuiwatch.wire.tcp import could_be_hello, field_of, hello_nonce, proof_holds
 
 STATE = RunState()  # one state across every input: it must stay bounded
 
 
 def one_input(data: bytes) -> None:
-    could_be_token_line(data)
-    token_matches(data, "f" * 64)
+    could_be_hello(data)
+    if hello_nonce(data) is not None:
+        proof_holds(field_of(data, "proof"), "f" * 64, "viewer", "a" * 32, "b" * 32)
     splitter = LineSplitter()
     try:
         lines = splitter.feed(data)

@@ -17,6 +17,7 @@ from tuiwatch.viewer.panes.memory import bar, cpu_line, gpu_line
 from tuiwatch.viewer.state import MAX_ALERTS, MAX_METRICS, RunState
 from tuiwatch.viewer.views import device_total, gpu_view, memory_view
 from tuiwatch.wire.protocol import MAX_LINE_BYTES, Command, LineSplitter, ProtocolError, parse_command
+from tuiwatch.wire.tcp import field_of, hello_line, hello_nonce, proof, proof_holds
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -72,6 +73,17 @@ records = st.builds(
 def test_a_command_line_is_a_command_or_a_protocol_error(line: bytes):
     with contextlib.suppress(ProtocolError):
         assert isinstance(parse_command(line), Command)
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), st.builds(lambda n, p: hello_line(n) + p, st.text(max_size=40), st.binary())))
+def test_a_handshake_line_is_understood_or_refused_never_a_crash(line: bytes):
+    nonce = hello_nonce(line)
+    assert nonce is None or (isinstance(nonce, str) and 0 < len(nonce) <= 128)
+    given = field_of(line, "proof")
+    assert not proof_holds(given, "f" * 64, "viewer", "a" * 32, "b" * 32) or given == proof(
+        "f" * 64, "viewer", "a" * 32, "b" * 32
+    )
 
 
 @FUZZ

@@ -1,15 +1,18 @@
-"""The optional TCP mode: off by default, loopback, a 0600 token before any byte, HTTP dropped.
+"""The optional TCP mode: off by default, loopback, a handshake proving the 0600 token both ways, HTTP dropped.
 
 Real TCP connections to a real training process on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from torch import nn
 
 import tuiwatch
 from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.codec import encode
 from tuiwatch.viewer.sources import TcpSource
 from tuiwatch.wire.protocol import command_line, iter_records
 from tuiwatch.wire.tcp import (
@@ -25,14 +29,20 @@ from tuiwatch.wire.tcp import (
     TcpTarget,
     check_tcp_target,
     connect_tcp,
+    exposure_warning,
+    hello_line,
+    new_nonce,
     parse_address,
+    proof_holds,
     read_token_file,
     tcp_target,
-    token_line,
 )
 
 from ..helpers import env_for, finish, ledger_file, records, start_training, wait_until
 from ..viewer_helpers import RecordingApp, until
+
+NOBODY = 65534
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 pytestmark = pytest.mark.integration  # real TCP connections to real trainings
 
@@ -68,7 +78,21 @@ def test_tcp_is_off_by_default_and_a_bad_address_is_refused_up_front(run_root: P
     assert len(list(run_root.iterdir())) == 1  # the refused ones created nothing
 
 
-def test_only_a_peer_with_the_token_gets_a_byte(run_root: Path, socket_dir: Path):
+def handshake_transcript(target: TcpTarget, viewer_proof: str | None) -> list[dict[str, object]]:
+    """The lines the run sends to a peer that says hello and then ``viewer_proof`` (None: nothing more)."""
+    with socket.create_connection((target.host, target.port), timeout=2 * AUTH_TIMEOUT_S) as sock:
+        nonce = new_nonce()
+        sock.sendall(hello_line(nonce))
+        stream = iter_records(sock)
+        challenge = next(stream)
+        # The run proves it holds the token before it is asked to trust anyone.
+        assert proof_holds(challenge["proof"], target.token, "run", nonce, str(challenge["nonce"]))
+        if viewer_proof is not None:
+            sock.sendall(encode({"proof": viewer_proof}))
+        return [challenge, *stream]
+
+
+def test_no_ledger_byte_without_the_handshake_and_the_token_never_on_the_wire(run_root: Path, socket_dir: Path):
     proc = start_training(run_root, socket_dir, "--tcp", "on", "--steps", "100000", "--step-sleep", "0.005")
     path = token_file_of(socket_dir)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -76,18 +100,24 @@ def test_only_a_peer_with_the_token_gets_a_byte(run_root: Path, socket_dir: Path
     assert target.host == "127.0.0.1"  # loopback unless an address is given
     assert len(target.token) == 64
 
-    # Wrong token, HTTP, TLS, silence: closed without one byte.
-    assert unanswered(target, token_line("0" * 64)) == b""
+    # The token in clear (the old protocol), HTTP, TLS, no newline, silence: closed without one byte.
+    assert unanswered(target, b'{"token": "' + target.token.encode() + b'"}\n') == b""
     assert unanswered(target, b"GET / HTTP/1.1\r\nHost: gpu-box\r\n\r\n") == b""
     assert unanswered(target, b"\x16\x03\x01\x02\x00\x01\x00") == b""  # a TLS ClientHello
-    assert unanswered(target, b'{"token": "' + b"a" * 600) == b""  # no newline within 512 bytes
+    assert unanswered(target, b'{"hello": "' + b"a" * 600) == b""  # no newline within 512 bytes
     started = time.monotonic()
     assert unanswered(target, b"") == b""
     assert AUTH_TIMEOUT_S - 0.5 <= time.monotonic() - started < 2 * AUTH_TIMEOUT_S
 
+    # A hello gets the run's proof and nothing of the ledger: then a refusal for a wrong proof, a close for none.
+    refused = handshake_transcript(target, "0" * 64)
+    assert [sorted(line) for line in refused] == [["nonce", "proof"], ["refused"]]
+    assert len(handshake_transcript(target, None)) == 1
+
     # The token: the ledger from its run record on, and commands work.
-    with connect_tcp(target) as sock:
-        stream = iter_records(sock)
+    sock, first = connect_tcp(target)
+    with sock:
+        stream = iter_records(sock, first=first)
         run = next(stream)
         assert run["kind"] == "run"
         assert run["tcp"] == f"127.0.0.1:{target.port}"
@@ -99,8 +129,123 @@ def test_only_a_peer_with_the_token_gets_a_byte(run_root: Path, socket_dir: Path
     finish(proc)
     ledger = records(ledger_file(run_root))
     assert ledger[-1]["reason"] == "stopped"
-    assert ledger[-1]["refused_peers"] == 5
+    assert ledger[-1]["refused_peers"] == 7
     assert not path.exists()  # the token file goes with the run
+
+
+class Impostor:
+    """Whatever binds a run's port after the run ended: it answers every line with a fake run and alert."""
+
+    FAKE = (
+        b'{"kind": "run", "name": "impostor", "t": 1.0}\n'
+        b'{"kind": "alert", "rule": "nonfinite", "severity": "critical", "step": 1, "message": "run rm -rf ~"}\n'
+    )
+
+    def __init__(self, port: int):
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", port))
+        self.listener.listen(8)
+        self.received = bytearray()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                peer, _ = self.listener.accept()
+                with peer:
+                    peer.settimeout(2)
+                    with contextlib.suppress(OSError):
+                        while data := peer.recv(4096):
+                            self.received += data
+                            peer.sendall(self.FAKE)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+async def test_a_viewer_never_trusts_what_holds_the_port_after_the_run(run_root: Path, socket_dir: Path):
+    watch = tuiwatch.Watch(nn.Linear(2, 1), run_dir=run_root, name="real", tcp=True)
+    target = read_token_file(token_file_of(socket_dir))
+    app = RecordingApp(TcpSource(target))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.run.get("name") == "real", what="the real run")
+        watch.close()
+        await until(pilot, lambda: app.state.status == "finished", what="the run's end")
+        impostor = Impostor(target.port)
+        try:
+            await until(pilot, lambda: any("did not prove" in n for n in app.notes), what="the impostor refused")
+            assert app.state.run.get("name") == "real"  # nothing it sent was read
+            assert not [a for a in app.state.alerts if "rm -rf" in a.message]
+            sent = bytes(impostor.received)
+            assert sent.startswith(b'{"hello":"tuiwatch-tcp-1","nonce":')
+            assert target.token.encode() not in sent
+            assert b"proof" not in sent  # the viewer stopped at the run's missing proof
+        finally:
+            impostor.close()
+
+
+FLOOD_SCRIPT = """
+import selectors, socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+sel = selectors.DefaultSelector()
+def connect():
+    s = socket.create_connection((host, port))
+    sel.register(s, selectors.EVENT_READ)
+for _ in range(40):
+    connect()
+print("holding", flush=True)
+sel.register(sys.stdin, selectors.EVENT_READ)
+reopened = 0
+while True:
+    for key, _ in sel.select():
+        if key.fileobj is sys.stdin:
+            print("reopened", reopened, flush=True)
+            sys.exit(0)
+        if not key.fileobj.recv(1):  # the run closed it: take the seat again at once
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+            connect()
+            reopened += 1
+"""
+
+
+def test_silent_connections_of_another_user_cannot_lock_the_token_holder_out(run_root: Path, socket_dir: Path):
+    if os.getuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to act as another user")
+    watch = tuiwatch.Watch(nn.Linear(2, 1), run_dir=run_root, tcp=True)
+    target = read_token_file(token_file_of(socket_dir))
+    flood = subprocess.Popen(
+        [*AS_NOBODY, "/usr/bin/python3", "-c", FLOOD_SCRIPT, target.host, str(target.port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert flood.stdout is not None
+        assert flood.stdout.readline() == "holding\n"
+        for _ in range(20):
+            check_tcp_target(target)  # raises on any failure; retries a handshake cut by an eviction
+        out, _ = flood.communicate("done\n", timeout=30)
+        assert int(out.split()[-1]) >= 20  # each of ours evicted one of theirs, which came straight back
+    finally:
+        flood.kill()
+        watch.close()
+    assert records(ledger_file(run_root))[-1]["refused_peers"] >= 20
+
+
+def test_a_listener_other_hosts_can_reach_says_so(run_root: Path, capfd: pytest.CaptureFixture[str]):
+    watch = tuiwatch.Watch(nn.Linear(2, 1), run_dir=run_root, name="wide", tcp="0.0.0.0:0")
+    watch.close()
+    lines = [line for line in capfd.readouterr().err.splitlines() if "reachable from other hosts" in line]
+    assert lines == [
+        f"tuiwatch: wide: TCP listener at {watch.tcp_address} is reachable from other hosts: the stream is not "
+        "encrypted (only on a network you trust; otherwise attach over ssh)"
+    ]
+    assert exposure_warning("127.0.0.1", "x") is None
+    assert exposure_warning("::1", "x") is None
+    assert exposure_warning("localhost", "x") is None
+    assert exposure_warning("gpu-box", "gpu-box:7") is not None
 
 
 async def test_the_viewer_attaches_over_tcp(run_root: Path, socket_dir: Path):
@@ -179,8 +324,9 @@ def test_a_wrong_token_is_one_line_from_the_cli(run_root: Path, socket_dir: Path
         )
         assert out.returncode == 1
         assert out.stderr == (
-            f"tuiwatch: error: the run at {watch.tcp_address} refused the token: "
-            "copy the token file again (each run writes a new one)\n"
+            f"tuiwatch: error: what listens at {watch.tcp_address} did not prove it holds this token: the token "
+            "file is from another run (each run writes a new one: copy it again), or the run ended and something "
+            "else has its port\n"
         )
         check_tcp_target(read_token_file(next(socket_dir.glob("*.tcp"))))  # the right one is answered
     finally:

@@ -42,7 +42,7 @@ from tuiwatch.publisher.run_record import make_run_record, new_run_dir, shared_r
 from tuiwatch.rules import Diagnosis
 from tuiwatch.wire.protocol import Command
 from tuiwatch.wire.socketdir import TCP_FILE_SUFFIX, ensure_socket_dir, remove_stale_sockets, socket_path
-from tuiwatch.wire.tcp import format_address
+from tuiwatch.wire.tcp import exposure_warning, format_address
 
 
 @dataclass
@@ -87,6 +87,10 @@ def open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:
                 f"tuiwatch: no TCP listener at {format_address(*tcp)} ({exc.strerror or exc}); the Unix socket works",
                 file=sys.stderr,
             )
+        else:
+            warning = exposure_warning(tcp[0], found.tcp.address)
+            if warning is not None:
+                print(f"tuiwatch: {name}: {warning}", file=sys.stderr)
     return found
 
 

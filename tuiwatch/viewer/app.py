@@ -23,6 +23,7 @@ from tuiwatch.viewer.messages import (
     SourceDisconnected,
     SourceEnded,
     SourceProgress,
+    SourceUntrusted,
 )
 from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import WINDOWS, Pane, window_label
@@ -142,6 +143,10 @@ class TuiwatchApp(App[None]):
         self._changed()
         if was not in ENDED:
             self.notify(safe(message.reason), title="disconnected", severity="warning", markup=False)
+
+    def on_source_untrusted(self, message: SourceUntrusted) -> None:
+        # Said even after the run ended: the viewer is being offered a stream that is not the run's.
+        self.notify(safe(message.reason), title="not trusted", severity="error", markup=False, timeout=30)
 
     def on_source_ended(self, message: SourceEnded) -> None:
         if self.state.live:

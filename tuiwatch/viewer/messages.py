@@ -39,3 +39,11 @@ class SourceProgress(Message):
     def __init__(self, percent: int) -> None:
         super().__init__()
         self.percent = percent
+
+
+class SourceUntrusted(Message):
+    """What the source reached is not the run (a TCP peer that could not prove the token): nothing was read."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason

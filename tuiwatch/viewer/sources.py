@@ -31,9 +31,10 @@ from tuiwatch.viewer.messages import (
     SourceDisconnected,
     SourceEnded,
     SourceProgress,
+    SourceUntrusted,
 )
 from tuiwatch.wire.protocol import LineSplitter, ProtocolError, command_line, connect
-from tuiwatch.wire.tcp import TcpTarget, connect_tcp, format_address
+from tuiwatch.wire.tcp import HandshakeError, HandshakeInterrupted, TcpTarget, connect_tcp, format_address
 
 BATCH_S = 0.03
 MAX_LINE = 1 << 20  # a record longer than this is a broken or hostile peer
@@ -108,14 +109,15 @@ class SocketSource:
     def _run(self, post: Post) -> None:
         delay = 0.1
         while not self._stop.is_set():
-            sock = self._connect()
-            if sock is None:
+            connected = self._connect(post)
+            if connected is None:
                 self._stop.wait(delay)
                 delay = min(delay * 2, 1.0)
                 continue
+            sock, first = connected
             delay = 0.1
             post(SourceConnected(self.label))
-            reason = self._read(sock, post)
+            reason = self._read(sock, first, post)
             with self._lock:
                 self._sock = None
             sock.close()
@@ -123,7 +125,8 @@ class SocketSource:
                 return
             post(SourceDisconnected(reason))
 
-    def _connect(self) -> socket.socket | None:
+    def _connect(self, post: Post) -> tuple[socket.socket, bytes] | None:
+        """A connection and the stream bytes already read from it, or None to try again later."""
         path = self.path
         if self._find is not None and self.name and not path.exists():
             path = self._find(self.name) or path
@@ -134,10 +137,11 @@ class SocketSource:
         self.path, self.label = path, str(path)
         with self._lock:
             self._sock = sock
-        return sock
+        return sock, b""
 
-    def _read(self, sock: socket.socket, post: Post) -> str:
+    def _read(self, sock: socket.socket, first: bytes, post: Post) -> str:
         batcher = _Batcher(post)
+        batcher.feed(first)
         sock.settimeout(BATCH_S)
         try:
             while not self._stop.is_set():
@@ -184,15 +188,25 @@ class TcpSource(SocketSource):
         super().__init__(Path(), None)
         self.target = target
         self.label = f"tcp://{format_address(target.host, target.port)}"
+        self._said: str | None = None
 
-    def _connect(self) -> socket.socket | None:
+    def _connect(self, post: Post) -> tuple[socket.socket, bytes] | None:
         try:
-            sock = connect_tcp(self.target)
+            sock, first = connect_tcp(self.target)
         except OSError:
             return None
+        except HandshakeInterrupted:
+            return None  # evicted by a flood: the next try usually gets through
+        except HandshakeError as exc:
+            # Said once per spell, not once a second; nothing from that peer is read or believed.
+            if str(exc) != self._said:
+                self._said = str(exc)
+                post(SourceUntrusted(str(exc)))
+            return None
+        self._said = None
         with self._lock:
             self._sock = sock
-        return sock
+        return sock, first
 
 
 class FileSource:

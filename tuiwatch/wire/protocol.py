@@ -147,21 +147,23 @@ def connect(path: str | Path, timeout: float = 2.0) -> socket.socket:
     return sock
 
 
-def iter_records(sock: socket.socket, limit: int = 16 * MAX_LINE_BYTES) -> Iterator[Decoded]:
-    """Records read from a connected socket until the server closes it.
+def iter_records(sock: socket.socket, limit: int = 16 * MAX_LINE_BYTES, first: bytes = b"") -> Iterator[Decoded]:
+    """Records read from a connected socket until the server closes it (``first``: bytes already read).
 
     Lines that do not decode are skipped; a line over ``limit`` bytes ends the
     stream (a hostile or broken peer cannot make the reader grow without bound).
     """
     splitter = LineSplitter(limit)
+    data = first
     while True:
-        data = sock.recv(1 << 16)
+        data = data or sock.recv(1 << 16)
         if not data:
             return
         try:
             lines = splitter.feed(data)
         except ProtocolError:
             return
+        data = b""
         for line in lines:
             try:
                 yield decode(line)

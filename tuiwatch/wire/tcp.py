@@ -3,22 +3,36 @@
 Off unless the run asks for it (``Watch(..., tcp=True)`` or an address). It
 listens on loopback unless given another address explicitly. The run writes
 a random token to ``<socket dir>/<name>.<pid>.tcp`` (mode 0600, created
-exclusively, as JSON ``{"address": "HOST:PORT", "token": "..."}``); a
-connection must send ``{"token": "..."}`` and a newline as its first line,
-within :data:`AUTH_TIMEOUT_S`, before the server sends it one byte. After
-that the protocol is the Unix socket's (:mod:`tuiwatch.wire.protocol`). A
-first line that does not start like one (HTTP, TLS, anything else), a wrong token, or no line in time closes
-the connection unanswered and counts as a refused peer.
+exclusively, as JSON ``{"address": "HOST:PORT", "token": "..."}``).
 
-The token is a password in a file: whoever can read that file can watch and
-command the run. Nothing here encrypts the stream; on a network you do not
-trust, use SSH.
+The token itself never crosses the connection: each side proves it holds it
+by an HMAC-SHA256 over two fresh nonces, the run first, so a viewer that
+reconnects to whatever now holds the port (the run ended, someone else bound
+it) learns that it is not the run before it believes or sends anything::
+
+    viewer -> {"hello": "tuiwatch-tcp-1", "nonce": NV}
+    run    -> {"nonce": NR, "proof": HMAC(token, "run" NV NR)}
+    viewer -> {"proof": HMAC(token, "viewer" NV NR)}      (only if the run's proof holds)
+    run    -> {"ok": true}, then the ledger: the Unix socket's protocol from here
+              (or {"refused": "..."} and closed, if the viewer's proof does not hold)
+
+A first line that does not start like a hello (HTTP, TLS, anything else), a
+malformed line, or a handshake not done within :data:`AUTH_TIMEOUT_S` closes
+the connection unanswered and counts as a refused peer. At most
+:data:`MAX_PENDING_AUTH` connections wait at once; a new one evicts the
+oldest that has got least far, so silent connections cannot lock the token's
+holder out.
+
+Nothing here encrypts the stream; on a network you do not trust, use SSH.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import ipaddress
 import os
+import secrets
 import socket
 import stat
 from dataclasses import dataclass
@@ -29,9 +43,12 @@ from tuiwatch.ledger.codec import DecodeError, decode, encode
 from tuiwatch.wire.socketdir import TCP_FILE_SUFFIX
 
 LOOPBACK = "127.0.0.1"
-AUTH_TIMEOUT_S = 5.0
+HELLO = "tuiwatch-tcp-1"
+NONCE_BYTES = 16
+AUTH_TIMEOUT_S = 2.0  # for the whole handshake: two lines each way, on any network a viewer should use
 MAX_AUTH_BYTES = 512
 MAX_PENDING_AUTH = 16
+CHECK_ATTEMPTS = 3  # a handshake cut by a flood's eviction is tried again
 
 
 @dataclass(frozen=True)
@@ -63,16 +80,47 @@ def tcp_option(value: bool | str) -> tuple[str, int] | None:
     raise TypeError(f"tcp must be False, True (loopback, any port) or 'HOST:PORT', got {type(value).__name__}")
 
 
+def exposure_warning(host: str, address: str) -> str | None:
+    """One line when the listener is reachable from beyond this host (the stream is not encrypted)."""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: whatever it resolves to may be any interface
+        loopback = host == "localhost"
+    if loopback:
+        return None
+    return (
+        f"TCP listener at {address} is reachable from other hosts: the stream is not encrypted "
+        "(only on a network you trust; otherwise attach over ssh)"
+    )
+
+
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def token_line(token: str) -> bytes:
-    return encode({"token": token})
+def new_nonce() -> str:
+    return secrets.token_hex(NONCE_BYTES)
 
 
-def could_be_token_line(data: bytes) -> bool:
-    """False as soon as the first bytes cannot start ``{"token": ...}``.
+def proof(token: str, role: str, viewer_nonce: str, run_nonce: str) -> str:
+    """What ``role`` ("run" or "viewer") sends to show it holds ``token``; the roles never share a proof."""
+    message = f"tuiwatch-tcp-1\n{role}\n{viewer_nonce}\n{run_nonce}".encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+def proof_holds(given: object, token: str, role: str, viewer_nonce: str, run_nonce: str) -> bool:
+    """Whether ``given`` is ``role``'s proof (compared in constant time)."""
+    return isinstance(given, str) and hmac.compare_digest(
+        given.encode(), proof(token, role, viewer_nonce, run_nonce).encode()
+    )
+
+
+def hello_line(viewer_nonce: str) -> bytes:
+    return encode({"hello": HELLO, "nonce": viewer_nonce})
+
+
+def could_be_hello(data: bytes) -> bool:
+    """False as soon as the first bytes cannot start a JSON line.
 
     An HTTP request (``GET /``, ``POST``, an HTTP/2 preface), a TLS hello or
     any other protocol starts with something else, so it is dropped on its
@@ -82,14 +130,26 @@ def could_be_token_line(data: bytes) -> bool:
     return start in (b"", b"{")
 
 
-def token_matches(line: bytes, token: str) -> bool:
-    """Whether ``line`` is ``{"token": T}`` with T equal to ``token`` (compared in constant time)."""
+def handshake_object(line: bytes) -> dict[str, object]:
+    """A handshake line as an object; empty when it is not one."""
     try:
-        obj = decode(line)
+        return decode(line)
     except DecodeError:
-        return False
-    given = obj.get("token")
-    return isinstance(given, str) and hmac.compare_digest(given.encode(), token.encode())
+        return {}
+
+
+def field_of(line: bytes, key: str, expected: dict[str, object] | None = None) -> str | None:
+    """``line``'s string ``key`` when the line is a JSON object with ``expected`` in it; None otherwise."""
+    obj = handshake_object(line)
+    if any(obj.get(k) != v for k, v in (expected or {}).items()):
+        return None
+    value = obj.get(key)
+    return value if isinstance(value, str) and 0 < len(value) <= 128 else None
+
+
+def hello_nonce(line: bytes) -> str | None:
+    """The viewer's nonce, if ``line`` is a hello."""
+    return field_of(line, "nonce", {"hello": HELLO})
 
 
 def write_token_file(path: Path, address: str, token: str) -> None:
@@ -144,33 +204,88 @@ def tcp_target(target: str | None, token_file: str | None) -> TcpTarget | None:
     return None
 
 
-def connect_tcp(target: TcpTarget, timeout: float = 5.0) -> socket.socket:
-    """A connection to the run at ``target`` that has sent its token line; raises OSError."""
+class HandshakeError(TuiwatchError):
+    """The handshake failed; the message says which side and what to do."""
+
+
+class HandshakeInterrupted(HandshakeError):
+    """The run closed the connection mid-handshake without refusing it: it evicted it (a flood), so retry."""
+
+
+def _line(sock: socket.socket, buffer: bytearray, where: str) -> bytes:
+    while b"\n" not in buffer:
+        try:
+            chunk = sock.recv(MAX_AUTH_BYTES)
+        except TimeoutError:
+            raise HandshakeError(f"the run at {where} did not answer within {sock.gettimeout():g} s") from None
+        if not chunk:
+            raise HandshakeInterrupted(
+                f"the run at {where} closed the connection during the handshake: too many connections "
+                "were waiting to authenticate (another user flooding the port?); try again"
+            )
+        buffer += chunk
+        if len(buffer) > MAX_AUTH_BYTES and b"\n" not in buffer:
+            raise HandshakeError(f"what listens at {where} is not a tuiwatch run (a line too long)")
+    line, _, rest = bytes(buffer).partition(b"\n")
+    buffer[:] = rest
+    return line
+
+
+def handshake(sock: socket.socket, target: TcpTarget) -> bytes:
+    """Prove the run holds the token, then prove the viewer does; the bytes read past the handshake.
+
+    Nothing but a fresh nonce is sent before the run's proof holds.
+    """
+    where = format_address(target.host, target.port)
+    viewer_nonce = new_nonce()
+    sock.sendall(hello_line(viewer_nonce))
+    buffer = bytearray()
+    challenge = _line(sock, buffer, where)
+    run_nonce = field_of(challenge, "nonce")
+    run_proof = handshake_object(challenge).get("proof")
+    if run_nonce is None or not proof_holds(run_proof, target.token, "run", viewer_nonce, run_nonce):
+        raise HandshakeError(
+            f"what listens at {where} did not prove it holds this token: the token file is from another run "
+            "(each run writes a new one: copy it again), or the run ended and something else has its port"
+        )
+    sock.sendall(encode({"proof": proof(target.token, "viewer", viewer_nonce, run_nonce)}))
+    answer = _line(sock, buffer, where)
+    if field_of(answer, "refused") is not None:
+        raise HandshakeError(
+            f"the run at {where} refused the token: copy the token file again (each run writes a new one)"
+        )
+    if handshake_object(answer).get("ok") is not True:
+        raise HandshakeError(f"what listens at {where} is not a tuiwatch run (an unexpected answer)")
+    return bytes(buffer)
+
+
+def connect_tcp(target: TcpTarget, timeout: float = 5.0) -> tuple[socket.socket, bytes]:
+    """A connection to the run at ``target`` that has done the handshake, and the first stream bytes.
+
+    Raises OSError when nothing answers, :class:`HandshakeError` when the handshake fails.
+    """
     sock = socket.create_connection((target.host, target.port), timeout=timeout)
     try:
-        sock.sendall(token_line(target.token))
-    except OSError:
+        first = handshake(sock, target)
+    except (OSError, HandshakeError):
         sock.close()
         raise
-    return sock
+    return sock, first
 
 
 def check_tcp_target(target: TcpTarget, timeout: float = 5.0) -> None:
-    """A one-line error unless the run at ``target`` answers its token with the first bytes of its ledger."""
+    """A one-line error unless the run at ``target`` completes the handshake."""
     where = format_address(target.host, target.port)
-    try:
-        sock = connect_tcp(target, timeout)
-    except OSError as exc:
-        raise TuiwatchError(
-            f"cannot reach a run at {where} ({exc.strerror or exc}): is it running with Watch(tcp=...)?"
-        ) from None
-    try:
-        first = sock.recv(1)
-    except OSError as exc:
-        raise TuiwatchError(f"the run at {where} did not answer ({exc.strerror or exc})") from None
-    finally:
+    for attempt in range(CHECK_ATTEMPTS):
+        try:
+            sock, _ = connect_tcp(target, timeout)
+        except OSError as exc:
+            raise TuiwatchError(
+                f"cannot reach a run at {where} ({exc.strerror or exc}): is it running with Watch(tcp=...)?"
+            ) from None
+        except HandshakeInterrupted:
+            if attempt == CHECK_ATTEMPTS - 1:
+                raise
+            continue
         sock.close()
-    if not first:
-        raise TuiwatchError(
-            f"the run at {where} refused the token: copy the token file again (each run writes a new one)"
-        )
+        return

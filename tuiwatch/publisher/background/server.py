@@ -48,11 +48,17 @@ class _Viewer:
 
 @dataclass
 class _Unauthenticated:
-    """A TCP connection that has not yet sent its token line: it is sent nothing."""
+    """A TCP connection in its handshake: sent nothing before its hello, then only the run's proof."""
 
     sock: socket.socket
     deadline: float
     received: bytearray = field(default_factory=bytearray)
+    viewer_nonce: str | None = None  # set once its hello came, with the run's nonce
+    run_nonce: str = ""
+
+    def eviction_order(self) -> tuple[bool, float]:
+        """Who goes first when the waiting room is full: those that have not said hello, oldest first."""
+        return (self.viewer_nonce is not None, self.deadline)
 
 
 def bind_tcp(host: str, port: int) -> socket.socket:
@@ -217,13 +223,18 @@ class Server:
             except OSError:
                 self.counters.refused_peers += 1
                 return
-            if len(self._unauthenticated) >= tcp.MAX_PENDING_AUTH or len(self._viewers) >= MAX_VIEWERS:
+            if len(self._viewers) >= MAX_VIEWERS:
                 sock.close()
                 self.counters.refused_peers += 1
                 continue
+            if len(self._unauthenticated) >= tcp.MAX_PENDING_AUTH:
+                # Evicting rather than refusing: silent connections cannot hold every seat against the token's holder.
+                self._refuse(min(self._unauthenticated.values(), key=_Unauthenticated.eviction_order))
             sock.setblocking(False)
-            self._unauthenticated[sock.fileno()] = _Unauthenticated(sock, time.monotonic() + tcp.AUTH_TIMEOUT_S)
+            pending = _Unauthenticated(sock, time.monotonic() + tcp.AUTH_TIMEOUT_S)
+            self._unauthenticated[sock.fileno()] = pending
             self.selector.register(sock, selectors.EVENT_READ)
+            self._authenticate(pending)  # a viewer sends its hello with the connect: answer it before the next accept
 
     def _authenticate(self, pending: _Unauthenticated) -> None:
         try:
@@ -235,16 +246,46 @@ class Server:
         pending.received += data
         received = bytes(pending.received)
         line, newline, rest = received.partition(b"\n")
-        if not data or not tcp.could_be_token_line(received):
+        if not data or not tcp.could_be_hello(received):
             self._refuse(pending)
-        elif newline:
-            if self._tcp is not None and tcp.token_matches(line, self._tcp.token):
-                self._forget(pending)
-                self._add_viewer(pending.sock, rest)
-            else:
+        elif not newline:
+            if len(received) >= tcp.MAX_AUTH_BYTES:
                 self._refuse(pending)
-        elif len(pending.received) >= tcp.MAX_AUTH_BYTES:
+        elif pending.viewer_nonce is None:
+            self._challenge(pending, line, rest)
+        else:
+            self._admit(pending, line, rest)
+
+    def _challenge(self, pending: _Unauthenticated, line: bytes, rest: bytes) -> None:
+        assert self._tcp is not None
+        viewer_nonce = tcp.hello_nonce(line)
+        if viewer_nonce is None or rest:
             self._refuse(pending)
+            return
+        pending.viewer_nonce, pending.run_nonce = viewer_nonce, tcp.new_nonce()
+        pending.received.clear()
+        run_proof = tcp.proof(self._tcp.token, "run", viewer_nonce, pending.run_nonce)
+        try:
+            pending.sock.send(encode({"nonce": pending.run_nonce, "proof": run_proof}))  # far below any buffer
+        except OSError:
+            self._refuse(pending)
+
+    def _admit(self, pending: _Unauthenticated, line: bytes, rest: bytes) -> None:
+        assert self._tcp is not None
+        assert pending.viewer_nonce is not None
+        given = tcp.field_of(line, "proof")
+        if not tcp.proof_holds(given, self._tcp.token, "viewer", pending.viewer_nonce, pending.run_nonce):
+            with contextlib.suppress(OSError):
+                pending.sock.send(encode({"refused": "the token does not match this run's"}))
+            self._refuse(pending)
+            return
+        self._forget(pending)
+        try:
+            pending.sock.send(encode({"ok": True}))
+        except OSError:
+            pending.sock.close()
+            return
+        self._add_viewer(pending.sock, rest)
 
     def _forget(self, pending: _Unauthenticated) -> None:
         self._unauthenticated.pop(pending.sock.fileno(), None)
@@ -252,7 +293,7 @@ class Server:
             self.selector.unregister(pending.sock)
 
     def _refuse(self, pending: _Unauthenticated) -> None:
-        """Close unanswered: not one byte goes to a peer without the token."""
+        """Close: no ledger byte goes to a peer that has not proved it holds the token."""
         self._forget(pending)
         pending.sock.close()
         self.counters.refused_peers += 1
