@@ -199,6 +199,24 @@ def test_a_missing_dump_is_a_one_line_error(tmp_path: Path):
         tuiwatch.load_dump(tmp_path)
 
 
+def test_a_hostile_dump_is_a_one_line_error_read_in_bounded_memory(tmp_path: Path):
+    meta = tmp_path / "dump.json"
+    with open(meta, "wb") as f:
+        f.truncate(3 << 30)  # 3 GiB without a newline (sparse): read no further than the limit
+    with pytest.raises(tuiwatch.TuiwatchError, match=r"dump.json is over 16384 KiB: not a file tuiwatch wrote"):
+        tuiwatch.load_dump(tmp_path)
+    meta.write_bytes(b'{"files": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    with pytest.raises(tuiwatch.TuiwatchError, match=r"^cannot read .*dump.json: RecursionError"):
+        tuiwatch.load_dump(tmp_path)
+    meta.write_bytes(b"[1, 2]")
+    with pytest.raises(tuiwatch.TuiwatchError, match=r"dump.json: not a JSON object$"):
+        tuiwatch.load_dump(tmp_path)
+    meta.write_bytes(b'{"step": 1e999, "files": ["../../etc/passwd", 7], "reason": "alert"}')
+    dump = tuiwatch.load_dump(tmp_path)
+    assert isinstance(dump, Dump)
+    assert (dump.step, dump.files, dump.batch) == (-1, ["../../etc/passwd"], None)
+
+
 # 1,000 steps each: ~10 s on an idle 2-core machine, 40-120 s beside two CPU hogs.
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("seed", list(SEEDS))

@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from tuiwatch import Watch
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.publisher.pending import MAX_RECORD_IDS, ids_digest
-from tuiwatch.viewer.sources import FileSource
+from tuiwatch.viewer.messages import SourceDisconnected
+from tuiwatch.viewer.sources import FileSource, reading_thread
 from tuiwatch.viewer.state import RunState
 from tuiwatch.wire.protocol import LineSplitter, ProtocolError
 
@@ -67,3 +68,34 @@ def test_a_replay_shows_every_other_record_and_says_one_was_skipped(tmp_path: Pa
     (alert,) = state.alerts
     assert (alert.rule, alert.severity) == ("viewer", "warning")
     assert alert.message == "1 record(s) over 1 MiB skipped: not shown"
+
+
+def test_a_replay_of_a_hostile_ledger_ends_with_what_it_could_read(tmp_path: Path):
+    lines = [
+        b'{"kind": "run", "t": 0.0, "name": "hostile"}',
+        b'{"kind": "step", "t": 1.0, "step": 1, "loss": 1.0, "x": ' + b"[" * 600 + b"]" * 600 + b"}",
+        b'{"kind": "step", "t": 1.7976931348623157e308, "step": 2, "loss": 1.7976931348623157e308}',
+        b'{"kind": "step", "t": -1.7976931348623157e308, "step": 3, "loss": -1.7976931348623157e308}',
+        b"\xff\xfe not json",
+        b'{"kind": "end", "t": 4.0, "step": 3, "reason": "finished"}',
+    ]
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    state, posted = RunState(), list[Any]()
+    reading_thread(FileSource(path)._run, posted.append, "test").run()  # on this thread: the guard included
+    for message in posted:
+        state.apply_all(getattr(message, "records", []))
+    assert type(posted[-1]).__name__ == "SourceEnded"
+    assert (state.status, state.step, state.metrics["loss"].count) == ("finished", 3, 2)
+
+
+def test_a_reader_that_fails_says_so_instead_of_leaving_the_viewer_connecting():
+    posted: list[Any] = []
+
+    def broken(post: Any) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    reading_thread(broken, posted.append, "test").run()
+    (message,) = posted
+    assert isinstance(message, SourceDisconnected)
+    assert message.reason == "the reader stopped: RecursionError: maximum recursion depth exceeded"

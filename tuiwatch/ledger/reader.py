@@ -10,6 +10,19 @@ from tuiwatch.ledger.codec import DecodeError, decode
 from tuiwatch.ledger.records import Decoded
 
 LEDGER_NAME = "ledger.jsonl"
+MAX_SIDE_FILE_BYTES = 16 << 20  # a dump's dump.json, cuda_memory.txt, a token file: small by construction
+
+
+def read_small(path: Path, limit: int = MAX_SIDE_FILE_BYTES) -> bytes:
+    """A small file's bytes; a one-line error when it is larger than ``limit`` (read no further than that)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise TuiwatchError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise TuiwatchError(f"{path} is over {limit >> 10} KiB: not a file tuiwatch wrote (or it was altered)")
+    return data
 
 
 def ledger_path(path: str | Path, latest: bool = False) -> Path:

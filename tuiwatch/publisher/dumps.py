@@ -29,7 +29,7 @@ import torch
 
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import encode
-from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.reader import read_ledger, read_small
 from tuiwatch.ledger.records import AlertRecord, Record
 from tuiwatch.publisher.atomic import create_file, fsync_path, modes, move_into_place, private_dir, write_file
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
@@ -181,10 +181,13 @@ def load_dump(path: str | os.PathLike[str]) -> Dump | Checkpoint:
             "or a runs/<run>/checkpoints/step-<N>.pt"
         )
     try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise TuiwatchError(f"cannot read {meta_path}: {exc}") from None
-    files = list(meta.get("files") or [])
+        meta = json.loads(read_small(meta_path))  # bounded: a dump may be someone else's
+    except (ValueError, RecursionError) as exc:
+        raise TuiwatchError(f"cannot read {meta_path}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(meta, dict):
+        raise TuiwatchError(f"cannot read {meta_path}: not a JSON object")
+    step = meta.get("step")
+    files = [str(name) for name in meta.get("files") or [] if isinstance(name, str)]
 
     def tensors(name: str) -> Any:
         if name not in files:
@@ -196,14 +199,14 @@ def load_dump(path: str | os.PathLike[str]) -> Dump | Checkpoint:
     return Dump(
         path=root,
         reason=str(meta.get("reason")),
-        step=int(meta.get("step", -1)),
+        step=step if isinstance(step, int) else -1,
         alert=meta.get("alert"),
         batch=tensors("batch.pt"),
         batch_ids=meta.get("batch_ids"),
         records=list(read_ledger(root / "records.jsonl")) if "records.jsonl" in files else [],
         env=dict(meta.get("env") or {}),
         weights=tensors("weights.pt"),
-        cuda_memory=memory.read_text() if memory.is_file() else None,
+        cuda_memory=read_small(memory).decode(errors="replace") if memory.is_file() else None,
         files=files,
     )
 

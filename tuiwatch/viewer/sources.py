@@ -50,6 +50,18 @@ class Source(Protocol):
     def stop(self) -> None: ...
 
 
+def reading_thread(run: Callable[[Post], object], post: Post, name: str) -> threading.Thread:
+    """A source's thread: whatever stops it, the viewer is told, never left waiting at "connecting"."""
+
+    def guarded() -> None:
+        try:
+            run(post)
+        except Exception as exc:  # a bug or an input nobody foresaw: said in the viewer, not a silent death
+            post(SourceDisconnected(f"the reader stopped: {type(exc).__name__}: {str(exc)[:200]}"))
+
+    return threading.Thread(target=guarded, name=name, daemon=True)
+
+
 class _Batcher:
     """Collects decoded records and posts them at most every BATCH_S."""
 
@@ -104,7 +116,7 @@ class SocketSource:
         self._lock = threading.Lock()
 
     def start(self, post: Post) -> None:
-        threading.Thread(target=self._run, args=(post,), name="tuiwatch-source", daemon=True).start()
+        reading_thread(self._run, post, "tuiwatch-source").start()
 
     def _run(self, post: Post) -> None:
         delay = 0.1
@@ -222,7 +234,7 @@ class FileSource:
         self._stop = threading.Event()
 
     def start(self, post: Post) -> None:
-        threading.Thread(target=self._run, args=(post,), name="tuiwatch-file", daemon=True).start()
+        reading_thread(self._run, post, "tuiwatch-file").start()
 
     def _run(self, post: Post) -> None:
         post(SourceConnected(self.label))
@@ -274,7 +286,7 @@ class CommandSource:
         self._lock = threading.Lock()
 
     def start(self, post: Post) -> None:
-        threading.Thread(target=self._run, args=(post,), name="tuiwatch-command", daemon=True).start()
+        reading_thread(self._run, post, "tuiwatch-command").start()
 
     def _run(self, post: Post) -> None:
         try:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import DecodeError, decode, encode
+from tuiwatch.ledger.reader import read_small
 from tuiwatch.wire.socketdir import TCP_FILE_SUFFIX
 
 LOOPBACK = "127.0.0.1"
@@ -168,9 +169,9 @@ def read_token_file(path: Path, host: str | None = None) -> TcpTarget:
     """
     try:
         mode = os.stat(path).st_mode
-        data = path.read_bytes()
     except OSError as exc:
         raise TuiwatchError(f"cannot read the token file {path}: {exc.strerror or exc}") from None
+    data = read_small(path, limit=4096)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise TuiwatchError(f"the token file {path} can be read by others (mode {mode & 0o777:o}): chmod 600 it")
     try:
