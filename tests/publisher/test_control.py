@@ -13,7 +13,8 @@ import torch
 
 import tuiwatch
 from tuiwatch.publisher.checkpoints import Checkpoint
-from tuiwatch.wire.protocol import command_line, connect, iter_records
+from tuiwatch.publisher.control import MAX_QUEUED, CommandQueue
+from tuiwatch.wire.protocol import Command, command_line, connect, iter_records
 from tuiwatch.wire.socketdir import list_sockets
 
 from ..helpers import finish, ledger_file, load_truth, records, start_training, wait_until
@@ -215,25 +216,47 @@ def test_a_flood_of_dumps_costs_the_run_one_dump_and_the_next_is_rate_limited(ru
     proc = start_training(run_root, socket_dir, "--steps", "2000", "--step-sleep", "0.005")
     flood = Client(socket_dir)
     flood.until_step(5)
-    # 3,000 dumps in one write: one is queued, the rest refused at once (already queued, or busy); the
-    # server drops a viewer that lets its replies pile up, which this one does.
+    # 3,000 dumps in one write: the first 16 wait as one dump (coalesced), the rest are refused "busy" at once;
+    # the server drops a viewer that lets its replies pile up, which this one does.
     flood.sock.sendall(b"".join(command_line("dump", i) for i in range(1, 3001)))
     ledger = ledger_file(run_root)
     wait_until(lambda: any(r["kind"] == "action" and r["ok"] for r in records(ledger)) or None, what="the dump")
     flood.close()
     client = Client(socket_dir)
-    client.send("dump", 5000)  # right behind the flood: refused (one queued already, or one a second at most)
+    client.send("dump", 5000)  # right behind the flood: joins a waiting dump, or one a second at most
     late = client.reply(5000)
-    refusals = ("a dump is already queued for the next step boundary", "busy: ")
-    assert late["ok"] is False
-    assert late["error"].startswith(refusals) or late["error"].endswith("ago: at most one a second")
+    assert late.get("coalesced_with") is not None or late["error"].endswith("ago: at most one a second"), late
     first = next(r for r in records(ledger) if r["kind"] == "action" and r["ok"])
     client.until_step(first["step"] + 50)  # training goes on
     client.close()
     finish(proc)
     actions = [r for r in records(ledger) if r["kind"] == "action"]
-    written = [r for r in actions if r["ok"]]
-    assert 1 <= len(written) <= 2  # one, and another only if the flood was still arriving a second later
+    runs = [r for r in actions if r["ok"] and "coalesced_with" not in r]
+    assert 1 <= len(runs) <= 2  # one, and another only if the flood was still arriving a second later
+    assert len(list(ledger.parent.glob("dumps/*-request"))) == len(runs)
+    by_id = {r["id"]: r for r in actions if "coalesced_with" not in r}
     for r in actions:
-        assert r["ok"] or r["error"].startswith(refusals) or r["error"].endswith("at most one a second"), r
-    assert len(list(ledger.parent.glob("dumps/*-request"))) == len(written)
+        if "coalesced_with" in r:  # answered with the command it joined: the same outcome, step and directory
+            base = by_id[r["coalesced_with"]]
+            assert [r.get(k) for k in ("ok", "path", "step", "error")] == [
+                base.get(k) for k in ("ok", "path", "step", "error")
+            ]
+        elif not r["ok"]:
+            assert r["error"].endswith("at most one a second"), r
+
+
+def test_the_same_command_sent_while_one_waits_runs_once_and_answers_every_id():
+    queue = CommandQueue()
+    assert [queue.offer(Command(cmd, i)) for i, cmd in enumerate(["pause", "dump", "pause", "pause"], 1)] == [None] * 4
+    assert queue.offer(Command("dump", 2)) == "command id 2 was already received; each id runs once"
+    taken = queue.take()
+    assert [(q.command, q.also) for q in taken] == [(Command("pause", 1), [3, 4]), (Command("dump", 2), [])]
+    assert not queue
+    for i in range(MAX_QUEUED):
+        assert queue.offer(Command("dump", 100 + i)) is None
+    assert (
+        queue.offer(Command("stop", 999))
+        == "busy: 16 commands already wait for the next step boundary; send it again later"
+    )
+    assert [len(q.also) for q in queue.take()] == [MAX_QUEUED - 1]
+    assert queue.offer(Command("stop", 1000)) is None  # taken: room again

@@ -138,6 +138,7 @@ class ActionRecord(_ActionFields, total=False):
     steps_done: int
     dump: str
     checkpoint_error: str
+    coalesced_with: int  # this id was sent while the same command waited: it shares that one's run
 
 
 class PublisherRecord(TypedDict):

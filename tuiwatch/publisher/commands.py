@@ -69,10 +69,14 @@ class CommandRunner:
         while True:
             self.queue.wake.clear()
             stop = False
-            for command in self.queue.take():
-                reply = self._run(command)
+            for queued in self.queue.take():
+                reply = self._run(queued.command)
                 tracker.pipeline.put(reply)
-                stop = stop or (command.cmd == "stop" and reply["ok"])
+                for cmd_id in queued.also:
+                    twin = reply.copy()
+                    twin["id"], twin["coalesced_with"] = cmd_id, queued.command.id
+                    tracker.pipeline.put(twin)
+                stop = stop or (queued.command.cmd == "stop" and reply["ok"])
             if stop and self.stop_mode == "raise":
                 raise StopRequested(f"a viewer asked the run to stop at step {tracker.step}")
             if not self.paused or tracker.off:

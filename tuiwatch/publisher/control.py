@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from dataclasses import dataclass, field
 
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.wire.protocol import Command
 
 SEEN_IDS = 4096
-# Commands waiting for the next step boundary, at most: 3,000 dumps in one write once blocked training for
+# Command ids waiting for the next step boundary, at most: 3,000 dumps in one write once blocked training for
 # 110 s and wrote 3,300 dump directories. Beyond it a command is refused "busy", at once.
 MAX_QUEUED = 16
 
@@ -24,9 +25,19 @@ class CommandRefused(TuiwatchError):
     """A command that cannot run now (pause while paused, resume while running); the message is the reply's error."""
 
 
+@dataclass
+class Queued:
+    """One command to run at the boundary, and the ids of the same command sent while it waited."""
+
+    command: Command
+    also: list[int] = field(default_factory=list)  # answered with the same result: one run, one reply per id
+
+
 class CommandQueue:
     def __init__(self) -> None:
-        self._items: deque[Command] = deque()
+        self._items: deque[Queued] = deque()
+        self._waiting = 0  # ids in _items, coalesced ones included
+        self._lock = threading.Lock()  # held for list operations only, never across I/O
         self._seen: set[int] = set()
         self._seen_order: deque[int] = deque()
         self.wake = threading.Event()
@@ -35,27 +46,30 @@ class CommandQueue:
         """Queue ``command`` (publisher thread); the reason it is refused, or None."""
         if command.id in self._seen:
             return f"command id {command.id} was already received; each id runs once"
-        waiting = list(self._items)  # a copy: the training thread takes from the deque meanwhile
-        if len(waiting) >= MAX_QUEUED:
-            return f"busy: {len(waiting)} commands already wait for the next step boundary; send it again later"
-        same = next((c for c in waiting if c.cmd == command.cmd and c.cmd in ("checkpoint", "dump")), None)
-        if same is not None:
-            # Two of them at one boundary would write the same state twice.
-            return f"a {command.cmd} is already queued for the next step boundary (id {same.id})"
+        with self._lock:
+            if self._waiting >= MAX_QUEUED:
+                return f"busy: {self._waiting} commands already wait for the next step boundary; send it again later"
+            same = next((q for q in self._items if q.command.cmd == command.cmd), None)
+            if same is not None:
+                # Twice the same at one boundary is once: two dumps would write the same batch twice.
+                same.also.append(command.id)
+            else:
+                self._items.append(Queued(command))
+            self._waiting += 1
         self._seen.add(command.id)
         self._seen_order.append(command.id)
         if len(self._seen_order) > SEEN_IDS:
             self._seen.discard(self._seen_order.popleft())
-        self._items.append(command)  # deque.append is atomic under the GIL
         self.wake.set()
         return None
 
     def __bool__(self) -> bool:
         return bool(self._items)
 
-    def take(self) -> list[Command]:
-        """Every queued command, oldest first (training thread)."""
-        taken = []
-        while self._items:
-            taken.append(self._items.popleft())
+    def take(self) -> list[Queued]:
+        """Every queued command, oldest first (training thread); nothing joins them once taken."""
+        with self._lock:
+            taken = list(self._items)
+            self._items.clear()
+            self._waiting = 0
         return taken
