@@ -31,3 +31,17 @@ def test_the_temporaries_of_dead_runs_go_and_a_live_runs_stay(tmp_path: Path):
     assert sorted(p.name for p in checkpoints.iterdir()) == [f".tmp-step-80.pt-{live}", "step-20.pt"]
     assert list(dumps.iterdir()) == []
     assert sweep_stale_temps(tmp_path) == (0, 0)
+
+
+def test_the_sweep_never_follows_a_symlink_planted_in_the_root(tmp_path: Path):
+    dead = dead_pid()
+    root, elsewhere = tmp_path / "shared-runs", tmp_path / "home"
+    (elsewhere / "checkpoints").mkdir(parents=True)
+    keep = elsewhere / "checkpoints" / f".tmp-thesis-{dead}"  # a name like ours, in the user's own files
+    keep.write_text("the user's own file")
+    root.mkdir()
+    (root / "planted-run").symlink_to(elsewhere)  # the run directory is a symlink
+    (root / "real-run").mkdir()
+    (root / "real-run" / "dumps").symlink_to(elsewhere / "checkpoints")  # or its dumps/ is
+    assert sweep_stale_temps(root) == (0, 0)
+    assert keep.read_text() == "the user's own file"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 
+from tuiwatch.publisher.atomic import Directory
 from tuiwatch.publisher.checkpoints import FORMAT, CheckpointError, load_checkpoint, write_checkpoint
 
 pytestmark = pytest.mark.integration  # checkpoints of real trainings, some killed mid-write
@@ -50,7 +51,7 @@ def check_all(directory: Path) -> list[int]:
     return steps
 
 
-def writer(directory: Path, first: int, weight: torch.Tensor) -> None:
+def writer(run_dir: Directory, first: int, weight: torch.Tensor) -> None:
     """In a forked child: write checkpoints back to back until killed.
 
     The weights were made before the fork: a forked child must not start
@@ -58,13 +59,13 @@ def writer(directory: Path, first: int, weight: torch.Tensor) -> None:
     """
     step = first
     while True:
-        write_checkpoint(directory, step, state(step, weight=weight))
+        write_checkpoint(run_dir, step, state(step, weight=weight))
         step += 1
 
 
 def test_sigkill_during_checkpoint_writes_never_leaves_a_truncated_checkpoint(tmp_path: Path):
-    directory = tmp_path / "checkpoints"
-    write_checkpoint(directory, 0, state(0))
+    directory, run_dir = tmp_path / "checkpoints", Directory.open(tmp_path)
+    write_checkpoint(run_dir, 0, state(0))
     rng = random.Random(0)  # noqa: S311 - the moments of the kills, not secrets
     killed_mid_write = 0
     for round_ in range(1, 51):
@@ -72,7 +73,7 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_truncated_checkpoint(tm
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child never returns
             try:
-                writer(directory, 1000 * round_, weight)
+                writer(run_dir, 1000 * round_, weight)
             finally:
                 os._exit(1)
         # The delay is the moment of the kill, chosen at random: a write takes tens of ms.
@@ -84,15 +85,15 @@ def test_sigkill_during_checkpoint_writes_never_leaves_a_truncated_checkpoint(tm
         assert 0 in steps  # the first checkpoint is always there, whole
     assert killed_mid_write >= 10  # the kills did land inside writes
     # The next write cleans up what the killed ones left.
-    write_checkpoint(directory, 99_999, state(1))
+    write_checkpoint(run_dir, 99_999, state(1))
     assert not list(directory.glob(".tmp-*"))
 
 
 def test_a_write_that_fails_midway_leaves_the_old_checkpoints_and_no_temp_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    directory = tmp_path / "checkpoints"
-    write_checkpoint(directory, 1, state(1, size_mb=1))
+    directory, run_dir = tmp_path / "checkpoints", Directory.open(tmp_path)
+    write_checkpoint(run_dir, 1, state(1, size_mb=1))
 
     def full_disk(obj: Any, f: Any) -> None:
         f.write(b"x" * 1000)
@@ -100,6 +101,6 @@ def test_a_write_that_fails_midway_leaves_the_old_checkpoints_and_no_temp_file(
 
     monkeypatch.setattr(torch, "save", full_disk)
     with pytest.raises(CheckpointError, match="No space left on device; the previous checkpoints are intact"):
-        write_checkpoint(directory, 2, state(2, size_mb=1))
+        write_checkpoint(run_dir, 2, state(2, size_mb=1))
     assert sorted(p.name for p in directory.iterdir()) == ["step-1.pt"]
     assert load_checkpoint(directory / "step-1.pt").step == 1

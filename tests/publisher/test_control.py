@@ -190,11 +190,9 @@ def test_a_run_without_a_run_directory_refuses_a_checkpoint_with_the_reason(sock
 def test_a_full_disk_refuses_the_checkpoint_and_training_goes_on(
     tmp_path: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    import shutil
-    from collections import namedtuple
+    from tuiwatch.publisher.atomic import Directory
 
-    usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(100 << 20, 99 << 20, 1 << 20))
+    monkeypatch.setattr(Directory, "free_bytes", lambda self: 1 << 20)  # a disk with 1 MiB left
     model = torch.nn.Linear(2, 2)
     watch = tuiwatch.Watch(model, torch.optim.SGD(model.parameters(), lr=0.1), run_dir=tmp_path, system=False)
     from tuiwatch.wire.protocol import Command

@@ -12,10 +12,13 @@ import pytest
 import torch
 from torch import nn
 
+import tuiwatch
 from tuiwatch import Watch
+from tuiwatch.publisher.atomic import Directory
 from tuiwatch.publisher.checkpoints import CheckpointError, write_checkpoint
 from tuiwatch.publisher.dumps import write_dump
 from tuiwatch.publisher.run_record import shared_root_warning
+from tuiwatch.wire.protocol import Command
 
 NOBODY = 65534
 
@@ -35,8 +38,9 @@ def run(run_root: Path) -> Watch:
             opt.step()
             opt.zero_grad()
         assert watch.run_dir is not None
-        write_checkpoint(watch.run_dir / "checkpoints", 3, watch.checkpoint_state())
-        write_dump(watch.run_dir, step=3, reason="dump", alert=None, batch=torch.ones(2), batch_ids=[1, 2],
+        run_dir = Directory.open(watch.run_dir)
+        write_checkpoint(run_dir, 3, watch.checkpoint_state())
+        write_dump(run_dir, step=3, reason="dump", alert=None, batch=torch.ones(2), batch_ids=[1, 2],
                    records=[], seed=None)  # fmt: skip
     return watch
 
@@ -83,10 +87,11 @@ def test_a_symlinked_checkpoints_or_dumps_directory_is_refused(tmp_path: Path):
     victim.mkdir()
     (run_dir / "checkpoints").symlink_to(victim)
     (run_dir / "dumps").symlink_to(victim)
+    held = Directory.open(run_dir)
     with pytest.raises(CheckpointError, match="is a symlink or not a directory"):
-        write_checkpoint(run_dir / "checkpoints", 1, {"w": torch.ones(1)})
+        write_checkpoint(held, 1, {"w": torch.ones(1)})
     with pytest.raises(OSError, match="is a symlink or not a directory"):
-        write_dump(run_dir, step=1, reason="dump", alert=None, batch=None, batch_ids=None, records=[], seed=None)
+        write_dump(held, step=1, reason="dump", alert=None, batch=None, batch_ids=None, records=[], seed=None)
     assert list(victim.iterdir()) == []
 
 
@@ -97,19 +102,47 @@ def test_a_symlink_planted_on_the_checkpoint_temp_file_is_not_written_through(tm
     victim.write_text("the user's own file")
     tmp = directory / f".tmp-step-1.pt-{os.getpid()}"
     # The stale-temp sweep runs first; a symlink raced in after it must still not be followed.
-    real_unlink = Path.unlink
+    real_remove = Directory.remove
 
-    def unlink_then_plant(self: Path, missing_ok: bool = False) -> None:
-        real_unlink(self, missing_ok=missing_ok)
-        if self == tmp:
+    def remove_then_plant(self: Directory, name: str) -> None:
+        real_remove(self, name)
+        if name == tmp.name:
             tmp.symlink_to(victim)
 
     tmp.symlink_to(victim)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Path, "unlink", unlink_then_plant)
+        patch.setattr(Directory, "remove", remove_then_plant)
         with pytest.raises(CheckpointError, match="cannot write"):
-            write_checkpoint(directory, 1, {"w": torch.ones(1)})
+            write_checkpoint(Directory.open(tmp_path), 1, {"w": torch.ones(1)})
     assert victim.read_text() == "the user's own file"
+
+
+def test_a_run_directory_renamed_and_replaced_mid_run_still_gets_its_writes(run_root: Path, socket_dir: Path):
+    victim = run_root.parent / "victim"
+    victim.mkdir()
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = Watch(model, opt, run_dir=run_root, system=False, quiet=True)
+    assert watch.run_dir is not None
+    moved = watch.run_dir.with_name("moved")
+    # Whoever owns a shared root swaps the run's directory for a symlink to one of the user's own.
+    os.rename(watch.run_dir, moved)
+    watch.run_dir.symlink_to(victim)
+    assert watch._commands.on_command(Command("checkpoint", 1)) is None
+    for x in watch.batches([torch.randn(4, 2)] * 2):
+        loss = model(x).pow(2).mean()
+        watch.log(loss=loss)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    watch.close()
+    assert list(victim.iterdir()) == []  # nothing followed the name
+    reply = next(r for r in tuiwatch.read_ledger(moved) if r["kind"] == "action")
+    assert reply["ok"], reply
+    step = reply["steps_done"]
+    assert reply["path"] == str(moved / "checkpoints" / f"step-{step}.pt")  # where it really is, not the old name
+    assert Path(reply["dump"]).parent == moved / "dumps"
+    assert tuiwatch.load_dump(reply["path"]).step == step
 
 
 def test_a_run_dir_others_can_swap_gets_a_one_line_warning(tmp_path: Path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 _TEMP = re.compile(r"^\.tmp-.+-(\d+)$")
@@ -35,10 +36,20 @@ def _size(path: Path) -> int:
     return sum(p.lstat().st_size for p in path.rglob("*"))
 
 
+def _own_real_dir(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def sweep_stale_temps(root: Path) -> tuple[int, int]:
     """Remove ``<root>/<run>/{checkpoints,dumps}/.tmp-*-<pid>`` of dead processes: (how many, bytes freed)."""
     removed = freed = 0
     for parent in (*root.glob("*/checkpoints"), *root.glob("*/dumps")):
+        if not (_own_real_dir(parent.parent) and _own_real_dir(parent)):
+            continue  # a symlink planted in a shared root must not lead the sweep to the user's other files
         try:
             entries = list(parent.iterdir())
         except OSError:

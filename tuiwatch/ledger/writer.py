@@ -32,12 +32,14 @@ class FileLedger:
     last line, which readers skip.
     """
 
-    def __init__(self, path: Path, mode: int = 0o600):
+    def __init__(self, path: Path, mode: int = 0o600, dir_fd: int | None = None):
+        """``dir_fd``: the directory ``path`` is in, held open; the file is then opened by name inside it."""
         self.path = path
+        name = path.name if dir_fd is not None else str(path)
         # O_NOFOLLOW: a symlink planted where the ledger goes is refused, not written through.
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
-        self._wfd = os.open(path, flags, mode)
-        self._rfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._wfd = os.open(name, flags, mode, dir_fd=dir_fd)
+        self._rfd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=dir_fd)
         self.start = 0
         self.end = os.fstat(self._wfd).st_size
 

@@ -14,10 +14,10 @@ directory. A crash at any moment leaves the previous checkpoints and at most a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import random
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ import torch
 
 from tuiwatch.analysis.format import size
 from tuiwatch.errors import TuiwatchError
-from tuiwatch.publisher.atomic import create_file, move_into_place, private_dir
+from tuiwatch.publisher.atomic import Directory
 from tuiwatch.publisher.nested import tensors
 
 FORMAT = 1
@@ -89,35 +89,40 @@ def restore_rng(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def write_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> tuple[Path, int]:
-    """Write ``state`` as ``directory/step-<step>.pt`` atomically; (path, bytes) or :class:`CheckpointError`."""
+def write_checkpoint(run_dir: Directory, step: int, state: dict[str, Any]) -> tuple[Path, int]:
+    """Write ``state`` as ``checkpoints/step-<step>.pt`` in ``run_dir`` atomically; (path, bytes) or
+    :class:`CheckpointError`."""
     try:
-        private_dir(directory)  # never a symlink someone planted: the weights go where the run is
+        # Never a symlink someone planted, and always the run's own directory, even if renamed meanwhile.
+        directory = run_dir.sub("checkpoints")
     except OSError as exc:
         raise CheckpointError(f"cannot write a checkpoint: {exc}") from None
-    for stale in directory.glob(".tmp-*"):
-        stale.unlink(missing_ok=True)  # left by a write that a crash interrupted
-    need = sum(t.nbytes for t in tensors(state)) + (1 << 20)
-    free = shutil.disk_usage(directory).free
-    if free < need + SPARE_BYTES:
-        raise CheckpointError(
-            f"not enough space in {directory}: the checkpoint needs about {size(need)} and "
-            f"{size(free)} is free (tuiwatch keeps {size(SPARE_BYTES)} spare); free space or move run_dir"
-        )
-    final = directory / f"step-{step}.pt"
-    tmp = directory / f".tmp-{final.name}-{os.getpid()}"
-    try:
-        with create_file(tmp) as f:  # O_EXCL | O_NOFOLLOW: a symlink raced onto tmp is refused
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        move_into_place(tmp, final)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise CheckpointError(
-            f"cannot write {final}: {exc.strerror or exc}; the previous checkpoints are intact"
-        ) from None
-    return final, final.stat().st_size
+    with directory:
+        for stale in directory.names():
+            if stale.startswith(".tmp-"):
+                directory.remove(stale)  # left by a write that a crash interrupted
+        need = sum(t.nbytes for t in tensors(state)) + (1 << 20)
+        free = directory.free_bytes()
+        if free < need + SPARE_BYTES:
+            raise CheckpointError(
+                f"not enough space in {directory.path}: the checkpoint needs about {size(need)} and "
+                f"{size(free)} is free (tuiwatch keeps {size(SPARE_BYTES)} spare); free space or move run_dir"
+            )
+        final = f"step-{step}.pt"
+        tmp = f".tmp-{final}-{os.getpid()}"
+        try:
+            with directory.create(tmp) as f:  # O_EXCL | O_NOFOLLOW: a symlink raced onto tmp is refused
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            directory.move_into_place(tmp, final)
+            return directory.where() / final, directory.size(final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                directory.remove(tmp)
+            raise CheckpointError(
+                f"cannot write {directory.path / final}: {exc.strerror or exc}; the previous checkpoints are intact"
+            ) from None
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:

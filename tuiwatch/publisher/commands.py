@@ -10,7 +10,6 @@ pause is a wait at the boundary that keeps serving commands.
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -121,7 +120,7 @@ class CommandRunner:
         if self.dumps.run_dir is None:
             raise CheckpointError(NO_RUN_DIR)
         steps = self.tracker.step
-        path, size = write_checkpoint(self.dumps.run_dir / "checkpoints", steps, self.checkpoint_state())
+        path, size = write_checkpoint(self.dumps.run_dir, steps, self.checkpoint_state())
         return {"path": str(path), "bytes": size, "steps_done": steps}
 
     def _dump(self, reason: str) -> str:
@@ -133,9 +132,9 @@ class CommandRunner:
         tracker = self.tracker
         kept = tracker.last_batch
         need = (kept.nbytes if kept is not None else 0) + DUMP_SPARE_BYTES
-        free = shutil.disk_usage(self.dumps.run_dir).free
+        free = self.dumps.run_dir.free_bytes()
         if free < need:
-            raise CommandRefused(f"not enough space for a dump in {self.dumps.run_dir}: {size(free)} free")
+            raise CommandRefused(f"not enough space for a dump in {self.dumps.run_dir.path}: {size(free)} free")
         self._last_dump = now
         fallback = max(tracker.step - 1, 0)
         return self.dumps.on_request(reason, tracker.last_batch, fallback, list(tracker.pipeline.recent))

@@ -16,9 +16,9 @@ so a crash never leaves a half-written dump under its final name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,7 +31,7 @@ from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import read_ledger, read_small
 from tuiwatch.ledger.records import AlertRecord, Record
-from tuiwatch.publisher.atomic import create_file, fsync_path, modes, move_into_place, private_dir, write_file
+from tuiwatch.publisher.atomic import Directory
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 from tuiwatch.publisher.environment import environment
 from tuiwatch.publisher.nested import tensors
@@ -114,7 +114,7 @@ def nonfinite_samples(batch: Any, batch_ids: list[int] | None) -> list[int] | No
 
 
 def write_dump(
-    run_dir: Path,
+    run_dir: Directory,
     *,
     step: int,
     reason: str,
@@ -126,47 +126,52 @@ def write_dump(
     weights: dict[str, torch.Tensor] | None = None,
     nonfinite_ids: list[int] | None = None,
 ) -> Path:
-    """Write ``dumps/<step>-<reason>/`` atomically and return its path."""
-    parent = private_dir(run_dir / "dumps")
-    final = parent / f"{step}-{reason}"
-    n = 1
-    while final.exists():
-        n += 1
-        final = parent / f"{step}-{reason}-{n}"
-    tmp = parent / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(mode=modes()[0])  # a fresh name: mkdir fails rather than follow anything planted there
-    try:
-        files = ["dump.json", "records.jsonl"]
-        if batch is not None:
-            with create_file(tmp / "batch.pt") as f:
-                torch.save(_to_cpu(batch), f)
-            files.append("batch.pt")
-        if weights is not None:
-            with create_file(tmp / "weights.pt") as f:
-                torch.save({k: v.detach().cpu() for k, v in weights.items()}, f)
-            files.append("weights.pt")
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-            write_file(tmp / "cuda_memory.txt", torch.cuda.memory_summary().encode())
-            files.append("cuda_memory.txt")
-        write_file(tmp / "records.jsonl", b"".join(encode(r) for r in records))
-        meta = {
-            "reason": reason,
-            "step": step,
-            "alert": alert,
-            "batch_ids": batch_ids,
-            "nonfinite_sample_ids": nonfinite_ids if nonfinite_ids is not None else nonfinite_samples(batch, batch_ids),
-            "env": environment(seed),
-            "files": sorted(files),
-        }
-        write_file(tmp / "dump.json", json.dumps(meta, indent=1, default=repr).encode())
-        for name in files:
-            fsync_path(tmp / name)
-        move_into_place(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+    """Write ``dumps/<step>-<reason>/`` in ``run_dir`` atomically and return its path."""
+    with run_dir.sub("dumps") as parent:
+        final = f"{step}-{reason}"
+        n = 1
+        while parent.exists(final):
+            n += 1
+            final = f"{step}-{reason}-{n}"
+        tmp = f".tmp-{final}-{os.getpid()}"
+        parent.remove(tmp)
+        try:
+            # A fresh name: the mkdir fails rather than follow anything planted there.
+            with parent.sub(tmp) as out:
+                files = ["dump.json", "records.jsonl"]
+                if batch is not None:
+                    with out.create("batch.pt") as f:
+                        torch.save(_to_cpu(batch), f)
+                    files.append("batch.pt")
+                if weights is not None:
+                    with out.create("weights.pt") as f:
+                        torch.save({k: v.detach().cpu() for k, v in weights.items()}, f)
+                    files.append("weights.pt")
+                if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+                    out.write("cuda_memory.txt", torch.cuda.memory_summary().encode())
+                    files.append("cuda_memory.txt")
+                out.write("records.jsonl", b"".join(encode(r) for r in records))
+                meta = {
+                    "reason": reason,
+                    "step": step,
+                    "alert": alert,
+                    "batch_ids": batch_ids,
+                    "nonfinite_sample_ids": (
+                        nonfinite_ids if nonfinite_ids is not None else nonfinite_samples(batch, batch_ids)
+                    ),
+                    "env": environment(seed),
+                    "files": sorted(files),
+                }
+                out.write("dump.json", json.dumps(meta, indent=1, default=repr).encode())
+                for name in files:
+                    out.sync(name)
+                out.sync()
+            parent.move_into_place(tmp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                parent.remove(tmp)
+            raise
+        return parent.where() / final
 
 
 def load_dump(path: str | os.PathLike[str]) -> Dump | Checkpoint:
@@ -221,7 +226,7 @@ class DumpWriter:
     that wait, :meth:`written` says where the dump went.
     """
 
-    def __init__(self, run_dir: Path | None, seed: int | None, recent: RecentBatches):
+    def __init__(self, run_dir: Directory | None, seed: int | None, recent: RecentBatches):
         self.run_dir = run_dir
         self.seed = seed
         self.recent = recent

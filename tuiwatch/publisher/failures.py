@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from tuiwatch.errors import NonFiniteError
+from tuiwatch.publisher.atomic import Directory
 from tuiwatch.publisher.deferred import resolve
 from tuiwatch.publisher.dumps import DumpWriter
 from tuiwatch.publisher.pending import StepState
@@ -43,7 +43,7 @@ def first_failing_boundary(s: StepState) -> str:
     return "grad"
 
 
-def _no_dump_reason(run_dir: Path | None) -> str:
+def _no_dump_reason(run_dir: Directory | None) -> str:
     return "none (no run directory)" if run_dir is None else "none (the nonfinite rule is off)"
 
 

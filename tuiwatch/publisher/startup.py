@@ -35,7 +35,7 @@ from tuiwatch.ledger.litter import sweep_stale_temps
 from tuiwatch.ledger.reader import LEDGER_NAME
 from tuiwatch.ledger.records import AlertRecord, Record, RunRecord
 from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
-from tuiwatch.publisher.atomic import modes
+from tuiwatch.publisher.atomic import Directory, modes
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.background.server import TcpListener, bind_private_socket, open_tcp_listener
 from tuiwatch.publisher.run_record import make_run_record, new_run_dir, shared_root_warning
@@ -53,11 +53,12 @@ class Listeners:
     tcp: TcpListener | None = None
 
 
-def open_store(run_dir: str | Path | None, name: str) -> tuple[Path | None, LedgerStore]:
+def open_store(run_dir: str | Path | None, name: str) -> tuple[Directory | None, LedgerStore]:
     if run_dir is None:
         return None, MemoryTail()
     root = Path(run_dir).absolute()  # every path shown is absolute
-    directory = new_run_dir(root, name)
+    # Held open from here on: every later write goes into this directory, even if it is renamed or swapped.
+    directory = Directory.open(new_run_dir(root, name))
     warning = shared_root_warning(root)
     if warning is not None:
         print(f"tuiwatch: {name}: {warning}", file=sys.stderr)
@@ -65,7 +66,7 @@ def open_store(run_dir: str | Path | None, name: str) -> tuple[Path | None, Ledg
     if removed:
         print(f"tuiwatch: {name}: removed {removed} half-written checkpoint/dump file(s) of killed runs "
               f"under {root} ({size(freed)})", file=sys.stderr)  # fmt: skip
-    return directory, FileLedger(directory / LEDGER_NAME, modes()[1])
+    return directory, FileLedger(directory.path / LEDGER_NAME, modes()[1], dir_fd=directory.fd)
 
 
 def open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:
@@ -101,7 +102,7 @@ class Publishing:
     pipeline: Pipeline
     run_record: RunRecord
     run_line: bytes
-    run_dir: Path | None
+    run_dir: Directory | None
     ledger_path: Path | None
     listeners: Listeners
 
@@ -153,7 +154,7 @@ def open_publishing(
     record = make_run_record(
         name=name,
         device=device,
-        run_dir=directory,
+        run_dir=directory.path if directory is not None else None,
         socket_path=listeners.path,
         socket_error=listeners.error,
         tcp_address=listeners.tcp.address if listeners.tcp is not None else None,

@@ -126,7 +126,8 @@ class Watch:
             },
         )
         self.run_record = publishing.run_record
-        self.run_dir = publishing.run_dir
+        self._run_files = publishing.run_dir
+        self.run_dir = publishing.run_dir.path if publishing.run_dir is not None else None
         self.ledger_path = publishing.ledger_path
         self.socket_path = publishing.socket_path
         self.tcp_address = publishing.tcp_address
@@ -137,7 +138,7 @@ class Watch:
         tracker.scaler = scaler
         if saved is not None:
             self._load(saved)
-        dumps = DumpWriter(self.run_dir, self.seed, tracker.recent)
+        dumps = DumpWriter(self._run_files, self.seed, tracker.recent)
         self._commands = CommandRunner(tracker, dumps, self.checkpoint_state, stop_mode=stop)
         self._failures = Failures(tracker, dumps, model, on_nonfinite=on_nonfinite, close=self.close)
         self._hooks = ModelHooks(
@@ -378,9 +379,11 @@ class Watch:
         tracker.off = self._closed = True
         self._commands.paused = False
         self._hooks.remove()
-        self._pipeline.close(
+        stopped = self._pipeline.close(
             {"kind": "end", "t": time.time(), "reason": reason, "steps": tracker.step, "opt_steps": tracker.opt_steps}
         )
+        if stopped and self._run_files is not None:
+            self._run_files.close()  # not while a thread stuck on a hung disk may still write a dump through it
         process.watches.discard(self)
 
     def __enter__(self) -> Watch:
