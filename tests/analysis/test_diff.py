@@ -6,12 +6,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import tuiwatch
+from tuiwatch.analysis.diff import FIELDS, as_text, compare
 from tuiwatch.demo.problems import mlp, separable
 
 from ..helpers import env_for
@@ -103,3 +105,20 @@ def test_bad_input_is_exit_2_with_one_line(tmp_path: Path, socket_dir: Path):
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1
     assert out.stderr.startswith("tuiwatch: error: no ledger at")
+
+
+def test_batches_past_the_id_cap_are_compared_by_their_digest():
+    ids = list(range(4096))
+    step: dict[str, Any] = {"kind": "step", "step": 0, "loss": 1.0, "batch_ids": ids, "batch_ids_count": 20_000}
+    a: list[dict[str, Any]] = [{"kind": "run"}, {**step, "batch_ids_digest": "aaaa"}]
+    # The same first 4,096 ids, another batch:
+    b: list[dict[str, Any]] = [{"kind": "run"}, {**step, "batch_ids_digest": "bbbb"}]
+    found = compare(a, b).difference
+    assert found is not None
+    assert (found.step, found.field) == (0, "batch_ids")
+    line = next(x for x in as_text(compare(a, b), FIELDS).splitlines() if x.startswith("first difference"))
+    assert line == (
+        "first difference at step 0, field batch_ids: A=[0, 1, 2, 3, ..., 4094, 4095] of 20000 ids (digest aaaa) "
+        "B=[0, 1, 2, 3, ..., 4094, 4095] of 20000 ids (digest bbbb)"
+    )
+    assert compare(a, a).difference is None

@@ -77,6 +77,29 @@ def _close(a: Any, b: Any, rtol: float, atol: float) -> bool:
     return bool(a == b)
 
 
+def _value(record: Record, name: str) -> Any:
+    """What is compared of ``name``: for a batch of more than 4,096 ids, its count and digest of all of them too."""
+    value = record.get(name)
+    if name == "batch_ids" and record.get("batch_ids_digest") is not None:
+        return [value, record.get("batch_ids_count"), record.get("batch_ids_digest")]
+    return value
+
+
+def _ends(ids: list[Any]) -> str:
+    if len(ids) <= 8:
+        return repr(ids)
+    return f"[{', '.join(map(repr, ids[:4]))}, ..., {', '.join(map(repr, ids[-2:]))}]"
+
+
+def _shown(value: Any) -> str:
+    """A value for the one line that names the difference: a long id list as its ends and its length."""
+    if isinstance(value, list) and len(value) == 3 and isinstance(value[0], list) and isinstance(value[2], str):
+        return f"{_ends(value[0])} of {value[1]} ids (digest {value[2]})"
+    if isinstance(value, list) and len(value) > 8:
+        return f"{_ends(value)} ({len(value)} ids)"
+    return repr(value)
+
+
 def _steps(records: Iterable[Record]) -> dict[int, Record]:
     return {r["step"]: r for r in records if r.get("kind") == "step" and integer(r.get("step")) is not None}
 
@@ -195,8 +218,9 @@ def compare(
         for name in order:
             # ids are compared exactly; numbers within the tolerance
             tol = (0.0, 0.0) if name == "batch_ids" else (rtol, atol)
-            if not _close(ra.get(name), rb.get(name), *tol):
-                difference = Difference(step, name, ra.get(name), rb.get(name), meaning(name, ids_agreed, gpu, setup))
+            va, vb = _value(ra, name), _value(rb, name)
+            if not _close(va, vb, *tol):
+                difference = Difference(step, name, va, vb, meaning(name, ids_agreed, gpu, setup))
                 break
         if difference is not None:
             break
@@ -230,7 +254,7 @@ def as_text(c: Comparison, fields: Sequence[str]) -> str:
         lines.append(f"identical: the {len(c.common)} common steps agree on {', '.join(checked) or 'nothing'}")
     else:
         d = c.difference
-        lines.append(f"first difference at step {d.step}, field {d.field}: A={d.a!r} B={d.b!r}")
+        lines.append(f"first difference at step {d.step}, field {d.field}: A={_shown(d.a)} B={_shown(d.b)}")
         lines.append(f"  → {d.meaning}")
     if c.unchecked:
         lines.append(f"not recorded by either run, so not compared: {', '.join(c.unchecked)}")
