@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuiwatch.ledger.codec import DecodeError, decode, encode
+from tuiwatch.ledger.codec import DecodeError, _has_nonfinite, decode, encode
 from tuiwatch.ledger.reader import read_ledger, tail_records
 from tuiwatch.ledger.writer import FileLedger, MemoryTail
 
@@ -27,6 +27,32 @@ def test_any_record_survives_a_round_trip(fields, kind):
     assert line.endswith(b"\n")
     assert line.count(b"\n") == 1
     assert decode(line) == record
+
+
+any_values = st.recursive(
+    json_scalars | st.floats(allow_nan=True, allow_infinity=True) | st.floats(min_value=1e307),
+    lambda children: (
+        st.lists(children, max_size=5) | st.tuples(children) | st.dictionaries(st.text(max_size=4), children)
+    ),
+    max_leaves=20,
+)
+
+
+def holds_nonfinite(value: object) -> bool:
+    """The plain definition the fast scan must agree with."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(holds_nonfinite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(holds_nonfinite(v) for v in value)
+    return False
+
+
+@given(any_values)
+def test_the_fast_nonfinite_scan_agrees_with_the_definition(value):
+    assert _has_nonfinite(value) == holds_nonfinite(value)
+    assert _has_nonfinite({"kind": "step", "x": value}) == holds_nonfinite(value)
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True))

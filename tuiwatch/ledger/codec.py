@@ -9,6 +9,7 @@ records (the only kinds whose values are user metrics).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -42,12 +43,31 @@ def _replace_nonfinite(obj: Any) -> Any:
 
 
 def _has_nonfinite(obj: Any) -> bool:
-    if type(obj) is float:
-        return not math.isfinite(obj)
-    if isinstance(obj, dict):
-        return any(_has_nonfinite(v) for v in obj.values())
-    if isinstance(obj, list | tuple):
-        return any(_has_nonfinite(v) for v in obj)
+    # On every record the publisher writes: plain loops and exact type tests (x - x is 0.0 for a finite float,
+    # nan otherwise), and a list of numbers (batch ids, lr per group) summed in one C loop first.
+    # 5 µs a step record where any() over generators took 37 (bench/publisher_changes.py).
+    t = type(obj)
+    if t is float:
+        return bool(obj - obj != 0.0)
+    if t is dict:
+        return _any_nonfinite(obj.values())
+    if t is list or t is tuple:
+        try:
+            total = sum(obj)
+        except TypeError:  # not all numbers: look at each
+            return _any_nonfinite(obj)
+        return type(total) is float and total - total != 0.0 and _any_nonfinite(obj)  # a sum may overflow alone
+    return False
+
+
+def _any_nonfinite(values: Iterable[Any]) -> bool:
+    for v in values:
+        t = type(v)
+        if t is float:
+            if v - v != 0.0:
+                return True
+        elif (t is dict or t is list or t is tuple) and _has_nonfinite(v):
+            return True
     return False
 
 

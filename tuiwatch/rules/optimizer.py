@@ -70,7 +70,8 @@ class NoUpdate(Rule):
 
     Two signals, either suffices: the sampled ``update_norm`` is exactly 0 on
     ``samples`` measured steps in a row, or ``param_norm`` is bit-identical over
-    ``steps`` optimizer steps; both only while the grad norm is positive and
+    ``steps`` optimizer steps (counted between its samples: it is measured every
+    10th step by default); both only while the grad norm is positive and
     the expected step (lr × grad norm) is above ``resolution`` × the parameter
     norm, which float32 weights can register. A run whose every lr is 0 is
     left to ``lr-zero``, which names the cause.
@@ -82,8 +83,8 @@ class NoUpdate(Rule):
         super().__init__()
         self.samples, self.steps, self.lr_fallen, self.resolution = samples, steps, lr_fallen, resolution
         self.zero_updates = 0
-        self.same_params = 0
-        self.last_param: float | None = None
+        self.same_params = 0  # optimizer steps over which the sampled param norm stayed bit-identical
+        self.last_param: tuple[float, int] | None = None  # the last sampled param norm and its optimizer step
         self.peak_lr = 0.0
 
     def _still(self, record: Record) -> bool | None:
@@ -103,9 +104,11 @@ class NoUpdate(Rule):
             return None
         if update is not None:
             self.zero_updates = self.zero_updates + 1 if update == 0 else 0
+        opt_step = num(record.get("opt_step")) or 0
         if param is not None:
-            self.same_params = self.same_params + 1 if param == self.last_param else 0
-            self.last_param = param
+            last = self.last_param
+            self.same_params = self.same_params + int(opt_step - last[1]) if last and param == last[0] else 0
+            self.last_param = (param, int(opt_step))
         return self.zero_updates >= self.samples or self.same_params >= self.steps
 
     def check(self, record: Record) -> AlertRecord | None:
