@@ -5,11 +5,18 @@ from __future__ import annotations
 from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
 
+_last_top: tuple[object, float | None] = (None, None)  # the last lr list seen and its top: several rules ask
+
 
 def top_lr(record: Record) -> float | None:
     """The largest learning rate of a step record's param groups (None when it has none)."""
-    lr = record.get("lr")
-    return max((abs(v) for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
+    global _last_top
+    lr, last = record.get("lr"), _last_top  # one read: another thread may replace it meanwhile
+    if lr is last[0]:  # the same list object (the cache holds it, so its id cannot be reused)
+        return last[1]
+    top = max((abs(v) for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
+    _last_top = (lr, top)
+    return top
 
 
 class Rule:

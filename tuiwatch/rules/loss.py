@@ -131,15 +131,19 @@ class LossChance(Rule):
         return self.seen >= self.min_steps and (self.last_lr is None or self.since_rise >= self.window)
 
     def _never_learned(self, chance: float) -> bool:
-        median = statistics.median(self.recent)
-        return abs(median - chance) <= self.tolerance * chance and min(self.recent) >= (1 - 2 * self.tolerance) * chance
+        # Cheapest test first (this runs on every step record): a last loss below the floor is enough to say no.
+        floor = (1 - 2 * self.tolerance) * chance
+        if self.recent[-1] < floor or min(self.recent) < floor:
+            return False
+        return abs(statistics.median(self.recent) - chance) <= self.tolerance * chance
 
     def _lost(self, chance: float) -> float | None:
         """The median loss before the last ``jump`` steps, if it was learned and they are all at chance or above."""
-        values = list(self.recent)
-        before, last = values[: -self.jump], values[-self.jump :]
-        if len(before) < self.jump * 5 or min(last) < (1 - self.tolerance) * chance:
-            return None
+        recent, jump = self.recent, self.jump
+        if len(recent) < jump * 6 or min(recent[-i] for i in range(1, jump + 1)) < (1 - self.tolerance) * chance:
+            return None  # the usual answer, without copying the window
+        values = list(recent)
+        before = values[:-jump]
         median = statistics.median(before)
         if median >= self.learned * chance:
             return None

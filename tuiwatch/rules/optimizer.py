@@ -26,11 +26,20 @@ class LrZero(Rule):
         self.steps, self.collapse = steps, collapse
         self.run = 0
         self.peak: list[float] = []
+        self._last: tuple[list[object], bool | None] | None = None  # the last lrs and their answer
 
     def _zero(self, record: Record) -> bool | None:
         lr = record.get("lr")
         if record.get("opt_step") is None or not isinstance(lr, list) or not lr:
             return None
+        last = self._last
+        if last is not None and lr == last[0]:
+            return last[1]  # the same lrs as the step before (most steps): the same peaks, the same answer
+        answer = self._zero_of(lr)
+        self._last = (lr, answer)
+        return answer
+
+    def _zero_of(self, lr: list[object]) -> bool | None:
         values = [num(v) for v in lr]
         if any(v is None for v in values):
             return None
