@@ -16,7 +16,7 @@ from ..helpers import finish, ledger_file, load_truth, records, start_training
 pytestmark = pytest.mark.integration  # a real training script in a subprocess
 
 NULL_ON_CPU = {"mem_allocated", "mem_reserved", "mem_peak", "tokens"}
-SAMPLED = {"update_norm"}  # every 10th optimizer step by default (the run record says so)
+SAMPLED = {"update_norm", "param_norm"}  # every 10th optimizer step by default (the run record says so)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_ledger_starts_with_a_complete_run_record(slow_loader_run):
     assert first["device"] == "cpu"
     assert first["torch"].startswith("2.13")
     assert first["update_norm_every"] == 10
-    assert first["param_norm_every"] == 1
+    assert first["param_norm_every"] == 10
 
 
 def test_every_step_record_has_every_field(slow_loader_run):
@@ -62,9 +62,11 @@ def test_every_step_record_has_every_field(slow_loader_run):
         assert set(STEP_FIELDS) <= set(s)
         for field in set(STEP_FIELDS) - NULL_ON_CPU - SAMPLED:
             assert s[field] is not None, f"step {s['step']} has {field}=null"
-        assert (s["update_norm"] is not None) == ((s["opt_step"] - 1) % 10 == 0)
+        sampled = (s["opt_step"] - 1) % 10 == 0
+        assert (s["update_norm"] is not None) == sampled
+        assert (s["param_norm"] is not None) == sampled
         assert set(s["finite"]) == set(FINITE_BOUNDARIES)
-        assert all(s["finite"].values())
+        assert s["finite"] == {b: True if b != "param" or sampled else None for b in FINITE_BOUNDARIES}
         assert s["training"] is True
         assert s["batch_shape"] == [[4, 2], [4], [4]]
 

@@ -61,6 +61,9 @@ class RecordBuffer:
 
     # --- publisher thread ------------------------------------------------------------
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def take_syncs(self) -> list[threading.Event]:
         with self._lock:
             syncs, self._syncs = self._syncs, []

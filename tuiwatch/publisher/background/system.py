@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 import psutil
@@ -36,19 +38,44 @@ class SystemSampler:
         return record
 
     def _workers(self) -> tuple[int, list[float]]:
-        try:
-            children = self._proc.children(recursive=False)
-        except psutil.Error:
-            return 0, []
+        pids = child_pids()
+        if pids is None:
+            try:
+                pids = [c.pid for c in self._proc.children(recursive=False)]
+            except psutil.Error:
+                return 0, []
         alive: dict[int, psutil.Process] = {}
         cpu: list[float] = []
-        for child in children:
-            # Reuse Process objects so that cpu_percent measures since the last sample.
-            proc = self._children.get(child.pid, child)
+        for pid in pids:
             try:
+                # Reuse Process objects so that cpu_percent measures since the last sample.
+                proc = self._children.get(pid) or psutil.Process(pid)
                 cpu.append(proc.cpu_percent(None))
             except psutil.Error:
                 continue
-            alive[child.pid] = proc
+            alive[pid] = proc
         self._children = alive
         return len(alive), cpu
+
+
+def child_pids() -> list[int] | None:
+    """This process's children, from each of its threads' ``children`` file (Linux); None where there is none.
+
+    psutil finds children by reading every process on the host: 1.2 ms a sample with 65 processes,
+    tens of ms on a shared server with thousands. These files list them directly.
+    """
+    try:
+        tasks = os.listdir("/proc/self/task")
+        pids: list[int] = []
+        for task in tasks:
+            # A thread that just ended has no file any more.
+            with (
+                contextlib.suppress(FileNotFoundError, ProcessLookupError),
+                open(f"/proc/self/task/{task}/children", "rb") as f,
+            ):
+                pids += map(int, f.read().split())
+    except OSError:
+        return None
+    if not pids and not os.path.exists(f"/proc/self/task/{tasks[0]}/children"):
+        return None  # a kernel without the files (CONFIG_PROC_CHILDREN off): ask psutil
+    return pids
