@@ -19,15 +19,22 @@ def total_norm(tensors: Sequence[torch.Tensor]) -> Any:
     """The 2-norm of all ``tensors`` together: a float (CPU), a device scalar (CUDA), or None."""
     if not tensors:
         return None
-    with torch.no_grad():
-        norms = torch._foreach_norm(list(tensors))
-        if len(norms) <= _PYTHON_SUM_MAX and norms[0].device.type == "cpu":
-            return math.sqrt(math.fsum(n.item() ** 2 for n in norms))
-        try:
-            return torch.linalg.vector_norm(torch.stack(norms))
-        except RuntimeError:
-            # several devices or dtypes: torch's own grouping handles them
-            return torch.nn.utils.get_total_norm(tensors, foreach=True)
+    if tensors[0].requires_grad:  # parameters: no autograd graph for a reading
+        with torch.no_grad():
+            return _norm(tensors)
+    # Gradients (the every-step case): no no_grad() block, which alone cost ~10 µs a step in the loop.
+    return _norm(tensors)
+
+
+def _norm(tensors: Sequence[torch.Tensor]) -> Any:
+    norms = torch._foreach_norm(list(tensors))
+    if len(norms) <= _PYTHON_SUM_MAX and norms[0].is_cpu:
+        return math.sqrt(math.fsum(n.item() ** 2 for n in norms))
+    try:
+        return torch.linalg.vector_norm(torch.stack(norms))
+    except RuntimeError:
+        # several devices or dtypes: torch's own grouping handles them
+        return torch.nn.utils.get_total_norm(tensors, foreach=True)
 
 
 def finiteness_probe(t: torch.Tensor) -> torch.Tensor:
@@ -37,8 +44,10 @@ def finiteness_probe(t: torch.Tensor) -> torch.Tensor:
     far outside what activations and inputs hold; a NaN or inf anywhere makes
     it non-finite.
     """
-    t = t.detach()
-    return t.sum() if t.dtype in _WIDE_FLOATS else t.sum(dtype=torch.float32)
+    if t.requires_grad:  # an output: no graph for a reading (a batch tensor needs no detach)
+        t = t.detach()
+    dtype = t.dtype
+    return t.sum() if dtype is torch.float32 or dtype is torch.float64 else t.sum(dtype=torch.float32)
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
@@ -96,19 +105,22 @@ class BatchInfo:
     def __init__(self, batch: Any):
         tensors: list[torch.Tensor] = []
         self.shape = _shape_and_tensors(batch, tensors)
-        self.nbytes = sum(t.nbytes for t in tensors)
-        first = tensors[0] if tensors else None
-        self.size: int | None = int(first.shape[0]) if first is not None and first.dim() else None
+        nbytes = 0
         probe: torch.Tensor | None = None
         for t in tensors:
+            nbytes += t.nbytes
             if t.is_floating_point():
                 value = finiteness_probe(t)
                 probe = value if probe is None else probe + value
+        self.nbytes = nbytes
         self.finite_probe: Any = None if probe is None else defer(probe)
+        first = tensors[0] if tensors else None
+        shape = first.shape if first is not None else ()
+        self.size: int | None = shape[0] if shape else None
         self.tokens: Any = None
         mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
         if isinstance(mask, torch.Tensor):
             self.tokens = defer(mask.sum())
-        elif first is not None and first.dim() >= 2 and not first.is_floating_point() and not first.is_complex():
+        elif len(shape) >= 2 and first is not None and not first.is_floating_point() and not first.is_complex():
             # Token ids first ((batch, time) integers, as a language model's batch starts): no mask, no padding.
             self.tokens = first.numel()
