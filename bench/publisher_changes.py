@@ -1,0 +1,279 @@
+"""Each change of issue 18 against the code it replaced, side by side in one process.
+
+For every change the old version is kept here, next to a call of the new one
+in the package, and both are timed in alternating rounds on the same inputs,
+inside a real training loop where the change runs there (the same code costs
+two to three times more between a model's kernels than in a tight loop: caches
+and branch predictors are cold). The clock is the calling thread's own CPU
+time (``time.thread_time``); the idle figures read the publisher thread's from
+``/proc/self/task/<tid>/schedstat``. Prints one row per change: old, new,
+saved, which thread pays it, and the method; the load average is printed at
+start and end.
+
+    python bench/publisher_changes.py [--rounds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+
+from tuiwatch.ledger.codec import _has_nonfinite
+from tuiwatch.ledger.fields import num
+from tuiwatch.publisher.background import pipeline as pipeline_module
+from tuiwatch.publisher.background.system import child_pids
+from tuiwatch.publisher.deferred import defer
+from tuiwatch.publisher.hooks import ModelHooks
+from tuiwatch.publisher.measure import BatchInfo, _shape_and_tensors, total_norm
+from tuiwatch.publisher.watch import Watch
+from tuiwatch.rules.optimizer import LrZero
+
+Row = tuple[str, float, float, str, str]  # change, old µs, new µs, thread, method
+
+# --- the old versions ------------------------------------------------------------------------------------
+
+
+def old_has_nonfinite(obj: Any) -> bool:
+    if type(obj) is float:
+        return not math.isfinite(obj)
+    if isinstance(obj, dict):
+        return any(old_has_nonfinite(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(old_has_nonfinite(v) for v in obj)
+    return False
+
+
+def old_total_norm(tensors: list[torch.Tensor]) -> Any:
+    with torch.no_grad():
+        norms = torch._foreach_norm(list(tensors))
+        return math.sqrt(math.fsum(n.item() ** 2 for n in norms))
+
+
+class OldBatchInfo:
+    """measure.BatchInfo before issue 18, as it was."""
+
+    __slots__ = ("finite_probe", "nbytes", "shape", "size", "tokens")
+
+    def __init__(self, batch: Any):
+        tensors: list[torch.Tensor] = []
+        self.shape = _shape_and_tensors(batch, tensors)
+        self.nbytes = sum(t.nbytes for t in tensors)
+        first = tensors[0] if tensors else None
+        self.size: int | None = int(first.shape[0]) if first is not None and first.dim() else None
+        probe: torch.Tensor | None = None
+        for t in tensors:
+            if t.is_floating_point():
+                t = t.detach()
+                value = t.sum() if t.dtype in (torch.float32, torch.float64) else t.sum(dtype=torch.float32)
+                probe = value if probe is None else probe + value
+        self.finite_probe: Any = None if probe is None else defer(probe)
+        self.tokens: Any = None
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        if isinstance(mask, torch.Tensor):
+            self.tokens = defer(mask.sum())
+        elif first is not None and first.dim() >= 2 and not first.is_floating_point() and not first.is_complex():
+            self.tokens = first.numel()
+
+
+def old_lr_zero(rule: Any, lr: list[float]) -> bool:
+    values = [num(v) for v in lr]
+    if len(rule.peak) != len(values):
+        rule.peak = [0.0] * len(values)
+    rule.peak = [max(p, abs(v or 0.0)) for p, v in zip(rule.peak, values, strict=True)]
+    return all(v == 0 or abs(v or 0.0) <= rule.collapse * p for v, p in zip(values, rule.peak, strict=True))
+
+
+# --- timing -------------------------------------------------------------------------------------------------
+
+
+def tiny() -> tuple[nn.Module, torch.optim.Optimizer, list[tuple[torch.Tensor, torch.Tensor]]]:
+    g = torch.Generator().manual_seed(0)
+    data = [(x, (x[:, 0] > 0).long()) for x in (torch.randn(64, 2, generator=g) for _ in range(50))]
+    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 2))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), data
+
+
+def in_loop(
+    old: Callable[..., Any], new: Callable[..., Any], where: str, rounds: int, steps: int = 400
+) -> tuple[float, float]:
+    """Median µs a call of ``old`` and of ``new``, called at ``where`` ("batch" or "grads") of a tiny MLP's steps."""
+    model, opt, data = tiny()
+    params = list(model.parameters())
+    results: dict[str, list[float]] = {"old": [], "new": []}
+    for r in range(rounds):
+        for name, fn in (("old", old), ("new", new)) if r % 2 == 0 else (("new", new), ("old", old)):
+            spent = 0.0
+            for i in range(steps):
+                x, y = data[i % 50]
+                if where == "batch":
+                    t0 = time.thread_time()
+                    fn((x, y))
+                    spent += time.thread_time() - t0
+                loss = nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                if where == "grads":
+                    grads = [p.grad for p in params if p.grad is not None]
+                    t0 = time.thread_time()
+                    fn(grads)
+                    spent += time.thread_time() - t0
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            results[name].append(spent / steps * 1e6)
+    return statistics.median(results["old"]), statistics.median(results["new"])
+
+
+def alternating(old: Callable[[], Any], new: Callable[[], Any], rounds: int, calls: int) -> tuple[float, float]:
+    results: dict[str, list[float]] = {"old": [], "new": []}
+    for r in range(rounds):
+        for name, fn in (("old", old), ("new", new)) if r % 2 == 0 else (("new", new), ("old", old)):
+            t0 = time.thread_time()
+            for _ in range(calls):
+                fn()
+            results[name].append((time.thread_time() - t0) / calls * 1e6)
+    return statistics.median(results["old"]), statistics.median(results["new"])
+
+
+STEP_RECORD = {
+    "kind": "step", "t": 1796228582.64, "step": 31, "epoch": 1, "loss": 0.2412, "lr": [0.1], "grad_norm": 0.2487,
+    "grad_norm_clipped": False, "param_norm": 4.3966, "update_norm": None, "opt_step": 32,
+    "batch_ids": list(range(64)), "batch_shape": [[64, 2], [64]], "tokens": None, "data_wait_s": 0.000134,
+    "compute_s": 0.000353, "examples_per_s": 8213.5, "mem_allocated": None, "mem_reserved": None,
+    "mem_peak": None, "finite": {"batch": True, "forward": True, "loss": True, "grad": True, "param": True},
+    "training": True,
+}  # fmt: skip
+
+
+def update_norm_rows(rounds: int) -> tuple[float, float]:
+    """µs of snapshot + update norm a sampled step of the 3x512 MLP (the optimizer step between them included)."""
+    layers: list[nn.Module] = []
+    for _ in range(3):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(512, 10))
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
+
+    def old() -> Any:
+        with torch.no_grad():
+            before = list(torch._foreach_mul(params, 1.0))
+        opt.step()
+        with torch.no_grad():
+            return total_norm(torch._foreach_sub(params, before))
+
+    class Holder:
+        _kept_snapshot = None
+
+    holder = Holder()
+
+    def new() -> Any:
+        before = ModelHooks._snapshot(holder, params)  # type: ignore[arg-type]
+        opt.step()
+        return ModelHooks._update_norm(params, before)
+
+    results: dict[str, list[float]] = {"old": [], "new": []}
+    for r in range(rounds):
+        for name, fn in (("old", old), ("new", new)) if r % 2 == 0 else (("new", new), ("old", old)):
+            spent = 0.0
+            for _ in range(10):
+                nn.functional.cross_entropy(model(x), y).backward()
+                t0 = time.thread_time()
+                fn()
+                spent += time.thread_time() - t0
+                opt.zero_grad()
+            results[name].append(spent / 10 * 1e6)
+    return statistics.median(results["old"]), statistics.median(results["new"])
+
+
+def publisher_cpu() -> float:
+    total = 0
+    for t in threading.enumerate():
+        if t.name.startswith("tuiwatch-publisher"):
+            with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
+                total += int(f.read().split()[0])
+    return total / 1e9
+
+
+def idle_ms_per_s(seconds: float) -> tuple[float, float]:
+    """The publisher thread's CPU per second of an idle run: the fixed 20 ms period against the doubling one."""
+    out = []
+    for idle in (0.02, pipeline_module.IDLE_WAIT_S):
+        pipeline_module.IDLE_WAIT_S = idle
+        model = nn.Linear(2, 2)
+        watch = Watch(model, run_dir=tempfile.mkdtemp(), quiet=True)
+        time.sleep(1.0)
+        c0, t0 = publisher_cpu(), time.monotonic()
+        time.sleep(seconds)
+        out.append((publisher_cpu() - c0) / (time.monotonic() - t0) * 1e3)
+        watch.close()
+    return out[0], out[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--idle-s", type=float, default=10.0)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    load_start = os.getloadavg()
+    rows: list[Row] = []
+    old, new = alternating(
+        lambda: old_has_nonfinite(STEP_RECORD), lambda: _has_nonfinite(STEP_RECORD), args.rounds, 20000
+    )
+    rows.append(("non-finite scan of a step record before encoding", old, new, "publisher", "one record, tight loop"))
+    old, new = in_loop(old_total_norm, total_norm, "grads", args.rounds)
+    rows.append(("gradient norm without a no_grad() block", old, new, "training", "tiny MLP, in the loop"))
+    old, new = in_loop(OldBatchInfo, BatchInfo, "batch", args.rounds)
+    rows.append(("batch probe: no detach, one walk", old, new, "training", "tiny MLP, in the loop"))
+    rule_old, rule_new, lr = LrZero(), LrZero(), [0.1, 0.01]
+    step = {"kind": "step", "opt_step": 1, "lr": lr}
+    old, new = alternating(lambda: old_lr_zero(rule_old, lr), lambda: rule_new._zero(step), args.rounds, 20000)
+    rows.append(("lr-zero: an unchanged lr list answered from the last answer", old, new, "publisher", "tight loop"))
+    model, _, _ = tiny()
+    params = list(model.parameters())
+    calls = [0]
+
+    def every_10th(_: Any) -> Any:
+        calls[0] += 1
+        return total_norm(params) if calls[0] % 10 == 1 else None
+
+    old, new = in_loop(lambda _: old_total_norm(params), every_10th, "grads", args.rounds)
+    rows.append(("parameter norm every 10th step, averaged over steps", old, new, "training", "tiny MLP, in the loop"))
+    me = psutil.Process()
+    workers = [subprocess.Popen(["sleep", "30"]) for _ in range(4)]
+    try:
+        old, new = alternating(lambda: me.children(recursive=False), child_pids, args.rounds, 200)
+    finally:
+        for w in workers:
+            w.kill()
+    hosts = f"{len(psutil.pids())} processes on the host"
+    rows.append((f"loader workers from /proc/self/task/*/children ({hosts})", old, new, "publisher", "one sample"))
+    old, new = update_norm_rows(max(4, args.rounds // 2))
+    rows.append(("update norm into kept buffers (3x512 MLP, a sampled step)", old, new, "training", "in the loop"))
+    idle_old, idle_new = idle_ms_per_s(args.idle_s)
+    load_end = os.getloadavg()
+    print(f"torch {torch.__version__}, 1 intra-op thread, {args.rounds} alternating rounds")
+    print(f"load average {load_start[0]:.2f} at start, {load_end[0]:.2f} at end (1-minute, {os.cpu_count()} CPUs)\n")
+    print("| change | old µs | new µs | saved µs | thread | method |\n|---|---|---|---|---|---|")
+    for change, old, new, thread, method in rows:
+        print(f"| {change} | {old:.1f} | {new:.1f} | {old - new:.1f} | {thread} | {method} |")
+    idle = f"idle run: the publisher thread sleeps up to {pipeline_module.IDLE_WAIT_S} s"
+    print(
+        f"| {idle} | {idle_old:.2f} ms/s | {idle_new:.2f} ms/s | {idle_old - idle_new:.2f} ms/s | publisher "
+        f"| {args.idle_s:g} s idle, schedstat |"
+    )
+
+
+if __name__ == "__main__":
+    main()
