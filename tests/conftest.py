@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -47,8 +48,8 @@ def run_root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def tmux(socket_dir: Path) -> Iterator[list[str]]:
-    """A tmux server of the test's own."""
-    server = ["tmux", "-L", f"tuiwatch-test-{os.getpid()}", "-f", "/dev/null"]
+    """A tmux server of the test's own (its own name: the last test's server may still be shutting down)."""
+    server = ["tmux", "-L", f"tuiwatch-test-{os.getpid()}-{secrets.token_hex(4)}", "-f", "/dev/null"]
     yield server
     subprocess.run([*server, "kill-server"], capture_output=True)
 
