@@ -195,7 +195,7 @@ class Pipeline:
             for done in syncs:
                 done.set()
         now = time.monotonic()
-        if self._sampler is not None and self._sampler.due(now):
+        if self._sampler is not None and self._sampler.due(now, idle=self._wait_s >= IDLE_WAIT_S):
             self._append(self._diagnose([self._sampler.sample(now)]))
         if now >= self._next_counters:
             self._next_counters = now + 1.0

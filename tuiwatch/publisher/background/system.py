@@ -11,6 +11,8 @@ import psutil
 from tuiwatch.ledger.records import SystemRecord
 from tuiwatch.publisher.background import nvml
 
+IDLE_FACTOR = 3
+
 
 class SystemSampler:
     def __init__(self, interval_s: float = 1.0, cuda_device: int | None = None):
@@ -21,8 +23,10 @@ class SystemSampler:
         self._children: dict[int, psutil.Process] = {}
         self._next = 0.0
 
-    def due(self, now: float) -> bool:
-        return now >= self._next
+    def due(self, now: float, idle: bool = False) -> bool:
+        """Whether to sample now: every ``interval_s``, and every ``IDLE_FACTOR`` of them while nothing else
+        happens (a paused run, a long evaluation: its memory still shows, at a third of the cost)."""
+        return now >= self._next + (IDLE_FACTOR - 1) * self.interval_s * idle
 
     def sample(self, now: float) -> SystemRecord:
         self._next = now + self.interval_s
