@@ -28,6 +28,7 @@ from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.deferred import defer, defer_tensor
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.measure import class_count, finiteness_probe, first_tensor, total_norm
+from tuiwatch.publisher.optimizers import inner_optimizer
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.steps import StepTracker
 
@@ -106,8 +107,9 @@ class ModelHooks:
 
     def attach(self) -> None:
         if self.optimizer is not None:
-            self._handles.append(self.optimizer.register_step_pre_hook(self.before_optimizer_step))
-            self._handles.append(self.optimizer.register_step_post_hook(self.after_optimizer_step))
+            stepping = inner_optimizer(self.optimizer)
+            self._handles.append(stepping.register_step_pre_hook(self.before_optimizer_step))
+            self._handles.append(stepping.register_step_post_hook(self.after_optimizer_step))
         else:
             self.tracker.on_open = self.at_step_open
             self.tracker.on_end = self.at_step_end

@@ -17,6 +17,7 @@ from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.records import SCHEMA, RunRecord
 from tuiwatch.publisher import environment
 from tuiwatch.publisher.atomic import modes
+from tuiwatch.publisher.optimizers import optimizer_name
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.wire.socketdir import safe_name
 
@@ -144,7 +145,7 @@ def make_run_record(
         "socket_error": socket_error,
         "tcp": tcp_address,
         "model": type(getattr(model, "_orig_mod", model)).__name__,  # the compiled model's own class
-        "optimizer": None if optimizer is None else type(optimizer).__name__,
+        "optimizer": None if optimizer is None else optimizer_name(optimizer),
         "params": param_count,
         "every": every,
         "update_norm_every": update_norm_every,
