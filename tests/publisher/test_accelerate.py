@@ -31,16 +31,18 @@ def prepared(accelerator: object, shuffle: bool) -> tuple[nn.Module, torch.optim
     return accelerator.prepare(model, opt, loader)  # type: ignore[attr-defined,no-any-return]
 
 
-def test_a_prepared_loop_records_every_step_with_its_norms_and_lr(run_root: Path, socket_dir: Path):
+def test_a_prepared_loop_records_every_step_with_its_pre_clip_norm_and_lr(run_root: Path, socket_dir: Path):
     acc = accelerate.Accelerator(cpu=True)
     model, opt, loader = prepared(acc, shuffle=True)
     assert type(opt).__name__ == "AcceleratedOptimizer"
+    norms: list[float] = []  # what accelerator.clip_grad_norm_ returned: the norm before it clipped
     with tuiwatch.Watch(model, opt, run_dir=run_root, quiet=True) as watch:
         for _ in range(2):
             for xb, yb in watch.batches(loader):
                 loss = nn.functional.cross_entropy(model(xb), yb)
                 watch.log(loss=loss)
                 acc.backward(loss)
+                norms.append(float(acc.clip_grad_norm_(model.parameters(), 0.5)))
                 opt.step()
                 opt.zero_grad()
     assert watch.ledger_path is not None
@@ -49,7 +51,9 @@ def test_a_prepared_loop_records_every_step_with_its_norms_and_lr(run_root: Path
     assert ledger[0]["optimizer"] == "SGD in AcceleratedOptimizer"
     assert [r["opt_step"] for r in steps] == list(range(1, 17))
     assert [r["epoch"] for r in steps] == [0] * 8 + [1] * 8
-    assert all(r["grad_norm"] > 0 and r["lr"] == [0.1] for r in steps)
+    assert all(r["lr"] == [0.1] for r in steps)
+    assert [r["grad_norm"] for r in steps] == norms  # reused from Accelerate's clip, not measured after it
+    assert [r["grad_norm_clipped"] for r in steps] == [n > 0.5 for n in norms]
     assert [r["opt_step"] for r in steps if r["update_norm"] is not None] == [1, 11]
     assert steps[-1]["loss"] < steps[0]["loss"]  # it trained
     assert not [r for r in ledger if r["kind"] == "alert" and r["severity"] != "info"]

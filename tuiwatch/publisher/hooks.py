@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from tuiwatch.publisher import pickling, process
+from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
 from tuiwatch.publisher.deferred import defer, defer_tensor
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.measure import class_count, finiteness_probe, first_tensor, total_norm
@@ -116,8 +117,10 @@ class ModelHooks:
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
         self._handles.append(self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True))
         pickling.hide_hooks(type(self.model), _is_forward_hook)
+        watch_clipping(self)
 
     def remove(self) -> None:
+        unwatch_clipping(self)
         if self._handles:
             pickling.show_hooks(type(self.model))
         for handle in self._handles:
@@ -137,6 +140,19 @@ class ModelHooks:
         if self._param_cache[0] != key or not self._param_cache[1]:
             self._param_cache = (key, list(self.model.parameters()))
         return self._param_cache[1]
+
+    def clipped(self, params: list[Any], norm: torch.Tensor, max_norm: float) -> None:
+        """The loop clipped with torch's ``clip_grad_norm_`` (clipping.py): its norm is the step's pre-clip one."""
+        tracker = self.tracker
+        mine = self.params()
+        if tracker.off or not mine:
+            return
+        given = {id(p) for p in params}
+        if not any(id(p) in given for p in mine):
+            return  # another model's parameters (a GAN's other half, an EMA copy)
+        s = tracker.current()
+        s.grad_norm = norm
+        s.clip_max_norm = max_norm
 
     def _snapshot(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
         """The parameters before an update, for its norm: into buffers kept between samples on models up to

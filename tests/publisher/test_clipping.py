@@ -1,0 +1,58 @@
+"""The loop's own torch.nn.utils.clip_grad_norm_ gives the step its pre-clip norm, and nothing else changes.
+
+``grad_norm`` is the norm before clipping (SPEC §3); a loop that clipped with
+torch's function used to record the norm after it, measured in the optimizer's
+pre-hook.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tuiwatch
+
+ORIGINAL = torch.nn.utils.clip_grad_norm_
+
+
+def steps_of(watch: tuiwatch.Watch) -> list[dict[str, object]]:
+    assert watch.ledger_path is not None
+    return [r for r in tuiwatch.read_ledger(watch.ledger_path) if r["kind"] == "step"]
+
+
+def test_only_the_watched_models_clip_counts_and_torch_is_itself_again_after(run_root: Path):
+    torch.manual_seed(0)
+    model, other = nn.Linear(4, 2), nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    returned = []
+    with tuiwatch.Watch(model, opt, run_dir=run_root, system=False, quiet=True) as watch:
+        assert torch.nn.utils.clip_grad_norm_ is not ORIGINAL
+        for x in watch.batches([torch.randn(8, 4) * 50 for _ in range(3)]):
+            (model(x).pow(2).mean() + other(x).pow(2).mean()).backward()
+            torch.nn.utils.clip_grad_norm_(other.parameters(), 0.5)  # not the watched model's: ignored
+            returned.append(float(torch.nn.utils.clip_grad_norm_((p for p in model.parameters()), 1.0)))
+            opt.step()
+            opt.zero_grad()
+            other.zero_grad()
+    assert torch.nn.utils.clip_grad_norm_ is ORIGINAL
+    steps = steps_of(watch)
+    assert [s["grad_norm"] for s in steps] == returned  # a generator of parameters, read once, still counted
+    assert all(s["grad_norm_clipped"] is True for s in steps)
+
+
+def test_torchs_answer_and_errors_reach_the_loop_unchanged(run_root: Path):
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with tuiwatch.Watch(model, opt, run_dir=run_root, system=False, quiet=True, on_nonfinite="warn"):
+        model(torch.ones(1, 2)).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        inf_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3, norm_type=float("inf"))
+        assert float(inf_norm) == max(float(g.abs().max()) for g in grads)  # other norms: torch's, not recorded
+        for p in model.parameters():
+            assert p.grad is not None
+            p.grad.fill_(float("nan"))
+        with pytest.raises(RuntimeError, match="non-finite"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)

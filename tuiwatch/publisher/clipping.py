@@ -1,0 +1,83 @@
+"""The norm before clipping, from the loop's own ``torch.nn.utils.clip_grad_norm_``.
+
+A loop that clips with torch's function (directly, or through
+``accelerator.clip_grad_norm_``, the Hugging Face Trainer or Lightning, which
+all call it by its module attribute) has clipped before the optimizer's
+pre-hook runs: measured there, ``grad_norm`` would be the norm after clipping.
+While a Watch is open, ``torch.nn.utils.clip_grad_norm_`` and
+``clip_grads_with_norm_`` (the second half of a clip whose norm was computed
+apart, as Accelerate's is) are wrapped: the norm torch computed before it
+clipped is the step's grad norm, and ``grad_norm_clipped`` follows from
+``max_norm``. Nothing is computed
+twice. Only a call over the watched model's parameters, with the 2-norm,
+counts; anything the wrapper does itself is guarded, so the loop always gets
+torch's answer or torch's exception. A loop that imported the function
+before the Watch started (``from torch.nn.utils import clip_grad_norm_``)
+calls the original: then ``grad_norm`` is after clipping, as documented.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_lock = threading.Lock()
+_recorders: weakref.WeakSet[Any] = weakref.WeakSet()  # the open Watches' hooks (ModelHooks.clipped)
+_originals: dict[str, Callable[..., Any]] = {}  # torch.nn.utils functions replaced, by name
+
+
+def _tell(params: Any, norm: Any, max_norm: float) -> None:
+    if type(norm) is not torch.Tensor:
+        return
+    listed = [params] if isinstance(params, torch.Tensor) else params
+    for hooks in list(_recorders):
+        with contextlib.suppress(Exception):  # the loop gets torch's answer whatever happens here
+            hooks.clipped(listed, norm, float(max_norm))
+
+
+def _clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
+    params = parameters if isinstance(parameters, torch.Tensor) else list(parameters)  # a generator, read once
+    norm = _originals["clip_grad_norm_"](params, max_norm, *args, **kwargs)
+    if float(args[0] if args else kwargs.get("norm_type", 2.0)) == 2.0:
+        _tell(params, norm, max_norm)
+    return norm
+
+
+def _clip_grads_with_norm_(parameters: Any, max_norm: float, total_norm: Any, *args: Any, **kwargs: Any) -> Any:
+    # The second half of a clip whose norm was computed apart (Accelerate's, DTensor-aware): that norm is the one.
+    params = parameters if isinstance(parameters, torch.Tensor) else list(parameters)
+    result = _originals["clip_grads_with_norm_"](params, max_norm, total_norm, *args, **kwargs)
+    _tell(params, total_norm, max_norm)
+    return result
+
+
+_WRAPPERS: dict[str, Callable[..., Any]] = {
+    "clip_grad_norm_": _clip_grad_norm_,
+    "clip_grads_with_norm_": _clip_grads_with_norm_,
+}
+
+
+def watch_clipping(hooks: Any) -> None:
+    """Start handing ``hooks.clipped`` the norms of the loop's clips (the first Watch installs the wrappers)."""
+    with _lock:
+        _recorders.add(hooks)
+        for name, wrapper in _WRAPPERS.items():
+            if name not in _originals and hasattr(torch.nn.utils, name):
+                _originals[name] = getattr(torch.nn.utils, name)
+                setattr(torch.nn.utils, name, wrapper)
+
+
+def unwatch_clipping(hooks: Any) -> None:
+    """Stop; the last Watch puts torch's functions back, unless someone else has wrapped one since."""
+    with _lock:
+        _recorders.discard(hooks)
+        if len(_recorders):
+            return
+        for name, wrapper in _WRAPPERS.items():
+            if name in _originals and getattr(torch.nn.utils, name) is wrapper:
+                setattr(torch.nn.utils, name, _originals.pop(name))
