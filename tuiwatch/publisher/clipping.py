@@ -19,6 +19,7 @@ calls the original: then ``grad_norm`` is after clipping, as documented.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections.abc import Callable
@@ -68,7 +69,8 @@ def watch_clipping(hooks: Any) -> None:
         _recorders.add(hooks)
         for name, wrapper in _WRAPPERS.items():
             if name not in _originals and hasattr(torch.nn.utils, name):
-                _originals[name] = getattr(torch.nn.utils, name)
+                _originals[name] = original = getattr(torch.nn.utils, name)
+                functools.update_wrapper(wrapper, original)  # its name, doc and signature stay torch's
                 setattr(torch.nn.utils, name, wrapper)
 
 
