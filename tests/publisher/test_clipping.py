@@ -56,3 +56,18 @@ def test_torchs_answer_and_errors_reach_the_loop_unchanged(run_root: Path):
             p.grad.fill_(float("nan"))
         with pytest.raises(RuntimeError, match="non-finite"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+
+
+def test_a_clip_over_the_trainable_part_of_a_partly_frozen_model_counts(run_root: Path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    model[0].requires_grad_(False)  # fine-tuning the head only: the model's first parameter is frozen
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(trainable, lr=0.01)
+    with tuiwatch.Watch(model, opt, run_dir=run_root, system=False, quiet=True) as watch:
+        for x in watch.batches([torch.randn(8, 4) * 50]):
+            model(x).pow(2).mean().backward()
+            returned = float(torch.nn.utils.clip_grad_norm_(trainable, 1e-3))
+            opt.step()
+    (step,) = steps_of(watch)
+    assert (step["grad_norm"], step["grad_norm_clipped"]) == (returned, True)

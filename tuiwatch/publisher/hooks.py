@@ -147,9 +147,11 @@ class ModelHooks:
         mine = self.params()
         if tracker.off or not mine:
             return
-        given = {id(p) for p in params}
-        if not any(id(p) in given for p in mine):
-            return  # another model's parameters (a GAN's other half, an EMA copy)
+        first = mine[0]
+        if not any(p is first for p in params):  # usually found at once: the clip's first parameter is ours
+            given = {id(p) for p in params}  # our first one is frozen, say: any of ours
+            if not any(id(p) in given for p in mine):
+                return  # another model's parameters (a GAN's other half, an EMA copy)
         s = tracker.current()
         s.grad_norm = norm
         s.clip_max_norm = max_norm
