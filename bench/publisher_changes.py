@@ -35,9 +35,10 @@ from tuiwatch.ledger.fields import num
 from tuiwatch.publisher.background import pipeline as pipeline_module
 from tuiwatch.publisher.background import system as system_module
 from tuiwatch.publisher.background.system import child_pids
-from tuiwatch.publisher.deferred import defer
+from tuiwatch.publisher.deferred import defer, resolve
 from tuiwatch.publisher.hooks import ModelHooks
 from tuiwatch.publisher.measure import BatchInfo, _shape_and_tensors, total_norm
+from tuiwatch.publisher.pending import MAX_RECORD_IDS, _batch_totals, _is_finite, ids_digest
 from tuiwatch.publisher.watch import Watch
 from tuiwatch.rules.optimizer import LrZero
 
@@ -94,6 +95,73 @@ def old_lr_zero(rule: Any, lr: list[float]) -> bool:
         rule.peak = [0.0] * len(values)
     rule.peak = [max(p, abs(v or 0.0)) for p, v in zip(rule.peak, values, strict=True)]
     return all(v == 0 or abs(v or 0.0) <= rule.collapse * p for v, p in zip(values, rule.peak, strict=True))
+
+
+def old_build(self: Any) -> Any:
+    """StepState.build before issue 18: two dicts, every value through resolve()."""
+    t = self.t_end or time.time()
+    # On the line, the user's metrics come right after the step's identity.
+    line: dict[str, Any] = {"kind": "step", "t": t, "step": self.step, "epoch": self.epoch}
+    for name, value in self.metrics.items():
+        line[name] = resolve(value)
+    grad_norm = resolve(self.grad_norm)
+    batch = self.batch
+    batch_size, tokens, batch_probe = _batch_totals(self.batches())
+    compute_s = resolve(self.compute_s)
+    total_s = (self.data_wait_s or 0.0) + (compute_s or 0.0)
+    mem = self.mem
+    forward_probe = resolve(self.forward_probe)
+    param_norm = resolve(self.param_norm)
+    finite = {
+        "batch": True if batch is not None and batch_probe is None else _is_finite(batch_probe),
+        "forward": _is_finite(forward_probe),
+        "loss": _is_finite(line.get("loss")),
+        "grad": _is_finite(grad_norm),
+        "param": _is_finite(param_norm),
+    }
+    record: dict[str, Any] = {
+        "kind": "step",
+        "t": t,
+        "step": self.step,
+        "epoch": self.epoch,
+        "lr": resolve(self.lr),
+        "grad_norm": grad_norm,
+        "grad_norm_clipped": (
+            None
+            if self.clip_max_norm is None or grad_norm is None
+            else bool(grad_norm > self.clip_max_norm or not math.isfinite(grad_norm))
+        ),
+        "param_norm": param_norm,
+        "update_norm": resolve(self.update_norm),
+        "opt_step": self.opt_step,
+        "batch_ids": self.batch_ids,
+        "batch_shape": batch.shape if batch is not None else None,
+        "tokens": tokens,
+        "data_wait_s": self.data_wait_s,
+        "compute_s": compute_s,
+        "examples_per_s": batch_size / total_s if batch_size and total_s > 0 else None,
+        "mem_allocated": mem.allocated if mem else None,
+        "mem_reserved": mem.reserved if mem else None,
+        "mem_peak": mem.peak if mem else None,
+        "finite": finite,
+        "training": self.training,
+    }
+    if self.opt_skipped:
+        record["opt_skipped"] = True
+    if self.oom is not None:
+        record["oom"] = self.oom
+    if self.classes is not None:
+        record["classes"] = self.classes
+    if self.micro_batches > 1:
+        record["micro_batches"] = self.micro_batches
+    if self.batch_ids is not None and len(self.batch_ids) > MAX_RECORD_IDS:
+        record["batch_ids"] = self.batch_ids[:MAX_RECORD_IDS]
+        record["batch_ids_count"] = len(self.batch_ids)
+        record["batch_ids_digest"] = ids_digest(self.batch_ids)
+    if self.scale is not None:
+        record["scale"] = resolve(self.scale)
+    line.update(record)
+    return line
 
 
 # --- timing -------------------------------------------------------------------------------------------------
@@ -154,6 +222,22 @@ STEP_RECORD = {
     "mem_peak": None, "finite": {"batch": True, "forward": True, "loss": True, "grad": True, "param": True},
     "training": True,
 }  # fmt: skip
+
+
+def captured_steps(n: int) -> list[Any]:
+    """The StepStates a default Watch hands its publisher thread over ``n`` steps of the tiny MLP."""
+    model, opt, data = tiny()
+    watch = Watch(model, opt, run_dir=None, quiet=True)
+    captured: list[Any] = []
+    watch._pipeline.put = captured.append  # type: ignore[method-assign,assignment]
+    for x, y in watch.batches(data[i % 50] for i in range(n)):
+        loss = nn.functional.cross_entropy(model(x), y)
+        watch.log(loss=loss)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    watch.close()
+    return [c for c in captured if not isinstance(c, dict)]
 
 
 def update_norm_rows(rounds: int) -> tuple[float, float]:
@@ -234,6 +318,9 @@ def main() -> None:
         lambda: old_has_nonfinite(STEP_RECORD), lambda: _has_nonfinite(STEP_RECORD), args.rounds, 20000
     )
     rows.append(("non-finite scan of a step record before encoding", old, new, "publisher", "one record, tight loop"))
+    states = captured_steps(600)
+    old, new = alternating(lambda: [old_build(s) for s in states], lambda: [s.build() for s in states], args.rounds, 5)
+    rows.append(("build a step record: one dict, numbers not resolved", old / 600, new / 600, "publisher", "600 steps"))
     old, new = in_loop(old_total_norm, total_norm, "grads", args.rounds)
     rows.append(("gradient norm without a no_grad() block", old, new, "training", "tiny MLP, in the loop"))
     old, new = in_loop(OldBatchInfo, BatchInfo, "batch", args.rounds)

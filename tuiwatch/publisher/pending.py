@@ -13,7 +13,7 @@ import time
 from array import array
 from typing import Any, NamedTuple, cast
 
-from tuiwatch.ledger.records import Finite, Record, StepRecord
+from tuiwatch.ledger.records import Record, StepRecord
 from tuiwatch.publisher.deferred import is_ready, resolve
 from tuiwatch.publisher.measure import BatchInfo
 
@@ -37,6 +37,11 @@ class DeviceMemory(NamedTuple):
     allocated: int
     reserved: int
     peak: int
+
+
+def _number(value: Any) -> Any:
+    """A value as the record holds it: numbers (every value, on the CPU) as they are, device values read."""
+    return value if value is None or type(value) is float else resolve(value)
 
 
 def _is_finite(value: Any) -> bool | None:
@@ -96,30 +101,22 @@ class StepState:
 
     def build(self) -> StepRecord:
         t = self.t_end or time.time()
-        # On the line, the user's metrics come right after the step's identity.
-        line: dict[str, Any] = {"kind": "step", "t": t, "step": self.step, "epoch": self.epoch}
-        for name, value in self.metrics.items():
-            line[name] = resolve(value)
-        grad_norm = resolve(self.grad_norm)
+        grad_norm = _number(self.grad_norm)
         batch = self.batch
         batch_size, tokens, batch_probe = _batch_totals(self.batches())
-        compute_s = resolve(self.compute_s)
+        compute_s = _number(self.compute_s)
         total_s = (self.data_wait_s or 0.0) + (compute_s or 0.0)
         mem = self.mem
-        forward_probe = resolve(self.forward_probe)
-        param_norm = resolve(self.param_norm)
-        finite: Finite = {
-            "batch": True if batch is not None and batch_probe is None else _is_finite(batch_probe),
-            "forward": _is_finite(forward_probe),
-            "loss": _is_finite(line.get("loss")),
-            "grad": _is_finite(grad_norm),
-            "param": _is_finite(param_norm),
-        }
+        forward_probe = _number(self.forward_probe)
+        param_norm = _number(self.param_norm)
+        metrics = {name: _number(value) for name, value in self.metrics.items()}
+        # One dict: the step's identity, then the user's metrics, then tuiwatch's fields (the line's order).
         record: StepRecord = {
             "kind": "step",
             "t": t,
             "step": self.step,
             "epoch": self.epoch,
+            **metrics,  # type: ignore[typeddict-item]
             "lr": resolve(self.lr),
             "grad_norm": grad_norm,
             "grad_norm_clipped": (
@@ -128,7 +125,7 @@ class StepState:
                 else bool(grad_norm > self.clip_max_norm or not math.isfinite(grad_norm))
             ),
             "param_norm": param_norm,
-            "update_norm": resolve(self.update_norm),
+            "update_norm": _number(self.update_norm),
             "opt_step": self.opt_step,
             "batch_ids": self.batch_ids,
             "batch_shape": batch.shape if batch is not None else None,
@@ -139,7 +136,13 @@ class StepState:
             "mem_allocated": mem.allocated if mem else None,
             "mem_reserved": mem.reserved if mem else None,
             "mem_peak": mem.peak if mem else None,
-            "finite": finite,
+            "finite": {
+                "batch": True if batch is not None and batch_probe is None else _is_finite(batch_probe),
+                "forward": _is_finite(forward_probe),
+                "loss": _is_finite(metrics.get("loss")),
+                "grad": _is_finite(grad_norm),
+                "param": _is_finite(param_norm),
+            },
             "training": self.training,
         }
         if self.opt_skipped:
@@ -156,8 +159,7 @@ class StepState:
             record["batch_ids_digest"] = ids_digest(self.batch_ids)
         if self.scale is not None:
             record["scale"] = resolve(self.scale)
-        line.update(record)
-        return cast(StepRecord, line)
+        return record
 
 
 def _batch_totals(batches: list[BatchInfo]) -> tuple[int | None, int | None, Any]:
