@@ -8,6 +8,7 @@ pre-hook.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -71,3 +72,25 @@ def test_a_clip_over_the_trainable_part_of_a_partly_frozen_model_counts(run_root
             opt.step()
     (step,) = steps_of(watch)
     assert (step["grad_norm"], step["grad_norm_clipped"]) == (returned, True)
+
+
+def test_a_reference_kept_past_the_watch_and_a_wrapper_over_ours_still_clip(run_root: Path):
+    model = nn.Linear(2, 1)
+    with tuiwatch.Watch(model, run_dir=run_root, system=False, quiet=True):
+        kept = torch.nn.utils.clip_grad_norm_  # a loop that bound the function while a Watch was open
+
+        def theirs(*args: Any, **kwargs: Any) -> Any:  # another library wrapping it after us
+            return kept(*args, **kwargs)
+
+        torch.nn.utils.clip_grad_norm_ = theirs  # type: ignore[assignment]
+    try:
+        assert torch.nn.utils.clip_grad_norm_ is theirs  # theirs is left alone
+        model(torch.ones(1, 2)).sum().backward()
+        assert float(kept(model.parameters(), 1.0)) > 0
+        with tuiwatch.Watch(model, run_dir=run_root, system=False, quiet=True):  # a second Watch: no loop
+            assert float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) > 0
+    finally:
+        torch.nn.utils.clip_grad_norm_ = ORIGINAL
+    with tuiwatch.Watch(model, run_dir=run_root, system=False, quiet=True):  # theirs gone: wrapped again
+        assert torch.nn.utils.clip_grad_norm_ is not ORIGINAL
+    assert torch.nn.utils.clip_grad_norm_ is ORIGINAL

@@ -29,23 +29,28 @@ import torch
 
 _lock = threading.Lock()
 _recorders: weakref.WeakSet[Any] = weakref.WeakSet()  # the open Watches' hooks (ModelHooks.clipped)
-_originals: dict[str, Callable[..., Any]] = {}  # torch.nn.utils functions replaced, by name
+# The functions the wrappers call. Never emptied: a loop that kept a reference to a wrapper (``clip =
+# torch.nn.utils.clip_grad_norm_`` while a Watch was open) still clips after the last Watch closed.
+_originals: dict[str, Callable[..., Any]] = {}
+_installed: set[str] = set()
+# Wrapped over by someone else when the last Watch closed, so left in their chain: never wrapped again (the
+# original taken then would be their wrapper, which calls ours: a loop).
+_left_in_chain: set[str] = set()
 
 
-def _tell(params: Any, norm: Any, max_norm: float) -> None:
-    if type(norm) is not torch.Tensor:
-        return
-    listed = [params] if isinstance(params, torch.Tensor) else params
-    for hooks in list(_recorders):
-        with contextlib.suppress(Exception):  # the loop gets torch's answer whatever happens here
+def _tell(params: Any, norm: Any, max_norm: Any, norm_type: Any = 2.0) -> None:
+    with contextlib.suppress(Exception):  # the loop gets torch's answer whatever happens here
+        if type(norm) is not torch.Tensor or float(norm_type) != 2.0:
+            return
+        listed = [params] if isinstance(params, torch.Tensor) else params
+        for hooks in list(_recorders):
             hooks.clipped(listed, norm, float(max_norm))
 
 
 def _clip_grad_norm_(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> Any:
     params = parameters if isinstance(parameters, torch.Tensor) else list(parameters)  # a generator, read once
     norm = _originals["clip_grad_norm_"](params, max_norm, *args, **kwargs)
-    if float(args[0] if args else kwargs.get("norm_type", 2.0)) == 2.0:
-        _tell(params, norm, max_norm)
+    _tell(params, norm, max_norm, args[0] if args else kwargs.get("norm_type", 2.0))
     return norm
 
 
@@ -68,10 +73,15 @@ def watch_clipping(hooks: Any) -> None:
     with _lock:
         _recorders.add(hooks)
         for name, wrapper in _WRAPPERS.items():
-            if name not in _originals and hasattr(torch.nn.utils, name):
-                _originals[name] = original = getattr(torch.nn.utils, name)
-                functools.update_wrapper(wrapper, original)  # its name, doc and signature stay torch's
-                setattr(torch.nn.utils, name, wrapper)
+            current = getattr(torch.nn.utils, name, None)
+            if name in _left_in_chain and current is _originals[name]:
+                _left_in_chain.discard(name)  # the other wrapper is gone: torch's own function is back
+            if name in _installed or current is None or current is wrapper or name in _left_in_chain:
+                continue
+            _originals[name] = current
+            functools.update_wrapper(wrapper, current)  # its name, doc and signature stay torch's
+            setattr(torch.nn.utils, name, wrapper)
+            _installed.add(name)
 
 
 def unwatch_clipping(hooks: Any) -> None:
@@ -80,6 +90,9 @@ def unwatch_clipping(hooks: Any) -> None:
         _recorders.discard(hooks)
         if len(_recorders):
             return
-        for name, wrapper in _WRAPPERS.items():
-            if name in _originals and getattr(torch.nn.utils, name) is wrapper:
-                setattr(torch.nn.utils, name, _originals.pop(name))
+        for name in list(_installed):
+            _installed.discard(name)
+            if getattr(torch.nn.utils, name, None) is _WRAPPERS[name]:
+                setattr(torch.nn.utils, name, _originals[name])
+            else:
+                _left_in_chain.add(name)
