@@ -21,13 +21,13 @@ import os
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
 import torch
+from overhead import publisher_cpu  # a sibling script: bench/ is on the path when this one runs
 from torch import nn
 
 from tuiwatch.ledger.codec import _has_nonfinite
@@ -279,15 +279,6 @@ def update_norm_rows(rounds: int) -> tuple[float, float]:
                 opt.zero_grad()
             results[name].append(spent / 10 * 1e6)
     return statistics.median(results["old"]), statistics.median(results["new"])
-
-
-def publisher_cpu() -> float:
-    total = 0
-    for t in threading.enumerate():
-        if t.name.startswith("tuiwatch-publisher"):
-            with open(f"/proc/self/task/{t.native_id}/schedstat") as f:
-                total += int(f.read().split()[0])
-    return total / 1e9
 
 
 def idle_ms_per_s(seconds: float) -> tuple[float, float]:

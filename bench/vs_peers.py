@@ -90,43 +90,17 @@ def with_tuiwatch(model: nn.Module, opt: torch.optim.Optimizer, batches: Batches
 
 
 def user_loop(
-    model: nn.Module, opt: torch.optim.Optimizer, batches: Batches, log: Callable[[dict[str, float], int], None]
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Batches,
+    log: Callable[[dict[str, float], int], None],
+    same_fields: bool = False,
 ) -> tuple[float, float]:
-    """The loop a user writes to log ten scalars a step: the seed's grad-norm call, timings, the rate."""
-    params = list(model.parameters())
-    with Clock() as c:
-        t0 = time.perf_counter()
-        for step, (xb, yb) in enumerate(batches):
-            t1 = time.perf_counter()
-            loss = nn.functional.cross_entropy(model(xb), yb)
-            loss.backward()
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            t2 = time.perf_counter()
-            log(
-                {
-                    "loss": loss.item(),
-                    "lr": opt.param_groups[0]["lr"],
-                    "grad_norm": grad_norm.item(),
-                    "data_wait_s": t1 - t0,
-                    "compute_s": t2 - t1,
-                    "examples_per_s": len(xb) / (t2 - t0),
-                    "epoch": 0,
-                    "batch_size": len(xb),
-                    "finite": float(torch.isfinite(loss).item()),
-                    "training": float(model.training),
-                },
-                step,
-            )
-            t0 = t2
-    return c.wall, c.cpu
+    """The loop a user writes to log ten scalars a step: the seed's grad-norm call, timings, the rate.
 
-
-def same_fields_loop(
-    model: nn.Module, opt: torch.optim.Optimizer, batches: Batches, log: Callable[[dict[str, float], int], None]
-) -> tuple[float, float]:
-    """What a Watch records, computed by hand: the ten scalars, both finiteness probes, sampled norms."""
+    ``same_fields``: what a Watch records, computed by hand: also both finiteness probes and the
+    parameter and update norms on every 10th step.
+    """
     params = list(model.parameters())
     with Clock() as c:
         t0 = time.perf_counter()
@@ -136,8 +110,7 @@ def same_fields_loop(
             loss = nn.functional.cross_entropy(out, yb)
             loss.backward()
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-            sampled = step % 10 == 0
-            before = [p.detach().clone() for p in params] if sampled else None
+            before = [p.detach().clone() for p in params] if same_fields and step % 10 == 0 else None
             opt.step()
             opt.zero_grad(set_to_none=True)
             t2 = time.perf_counter()
@@ -149,11 +122,15 @@ def same_fields_loop(
                 "compute_s": t2 - t1,
                 "examples_per_s": len(xb) / (t2 - t0),
                 "epoch": 0,
-                "opt_step": step + 1,
-                "batch_finite": float(torch.isfinite(xb.sum()).item()),
-                "forward_finite": float(torch.isfinite(out.detach().sum()).item()),
                 "training": float(model.training),
             }
+            if same_fields:
+                fields["opt_step"] = step + 1
+                fields["batch_finite"] = float(torch.isfinite(xb.sum()).item())
+                fields["forward_finite"] = float(torch.isfinite(out.detach().sum()).item())
+            else:
+                fields["batch_size"] = len(xb)
+                fields["finite"] = float(torch.isfinite(loss).item())
             if before is not None:
                 with torch.no_grad():
                     fields["param_norm"] = torch.nn.utils.get_total_norm(params).item()
@@ -163,6 +140,12 @@ def same_fields_loop(
             log(fields, step)
             t0 = t2
     return c.wall, c.cpu
+
+
+def same_fields_loop(
+    model: nn.Module, opt: torch.optim.Optimizer, batches: Batches, log: Callable[[dict[str, float], int], None]
+) -> tuple[float, float]:
+    return user_loop(model, opt, batches, log, same_fields=True)
 
 
 def with_trackio(loop: Callable[..., tuple[float, float]]) -> Arm:

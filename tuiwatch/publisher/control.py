@@ -36,7 +36,6 @@ class Queued:
 class CommandQueue:
     def __init__(self) -> None:
         self._items: deque[Queued] = deque()
-        self._waiting = 0  # ids in _items, coalesced ones included
         self._lock = threading.Lock()  # held for list operations only, never across I/O
         self._seen: set[int] = set()
         self._seen_order: deque[int] = deque()
@@ -47,15 +46,15 @@ class CommandQueue:
         if command.id in self._seen:
             return f"command id {command.id} was already received; each id runs once"
         with self._lock:
-            if self._waiting >= MAX_QUEUED:
-                return f"busy: {self._waiting} commands already wait for the next step boundary; send it again later"
+            waiting = sum(1 + len(q.also) for q in self._items)  # ids, the joined ones included
+            if waiting >= MAX_QUEUED:
+                return f"busy: {waiting} commands already wait for the next step boundary; send it again later"
             same = next((q for q in self._items if q.command.cmd == command.cmd), None)
             if same is not None:
                 # Twice the same at one boundary is once: two dumps would write the same batch twice.
                 same.also.append(command.id)
             else:
                 self._items.append(Queued(command))
-            self._waiting += 1
         self._seen.add(command.id)
         self._seen_order.append(command.id)
         if len(self._seen_order) > SEEN_IDS:
@@ -71,5 +70,4 @@ class CommandQueue:
         with self._lock:
             taken = list(self._items)
             self._items.clear()
-            self._waiting = 0
         return taken

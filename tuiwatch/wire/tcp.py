@@ -240,7 +240,7 @@ def handshake(sock: socket.socket, target: TcpTarget) -> bytes:
     buffer = bytearray()
     challenge = _line(sock, buffer, where)
     run_nonce = field_of(challenge, "nonce")
-    run_proof = handshake_object(challenge).get("proof")
+    run_proof = field_of(challenge, "proof")
     if run_nonce is None or not proof_holds(run_proof, target.token, "run", viewer_nonce, run_nonce):
         raise HandshakeError(
             f"what listens at {where} did not prove it holds this token: the token file is from another run "
