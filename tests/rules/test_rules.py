@@ -79,6 +79,16 @@ def test_grad_explosion_fires_when_norm_grows_100x():
     ]
 
 
+def test_grad_explosion_keeps_its_window_minimum_right_as_norms_enter_and_leave():
+    # The rule keeps a lower bound of the window's least norm to skip most looks; a norm of 0.001 that slid out
+    # of the 50-step window must not keep hiding a jump of 150x over the norms still in it.
+    records = [step(0, grad_norm=0.001)] + [step(i, grad_norm=1.0) for i in range(1, 60)] + [step(60, grad_norm=150.0)]
+    assert fired(records, "grad-explosion") == [("grad-explosion", 60, "warning")]
+    # And every norm that enters lowers the bound: after a drop to 0.01, a norm of 5 is 500x the median.
+    dropped = [step(i, grad_norm=1.0) for i in range(30)] + [step(i, grad_norm=0.01) for i in range(30, 90)]
+    assert fired([*dropped, step(90, grad_norm=5.0)], "grad-explosion") == [("grad-explosion", 90, "warning")]
+
+
 def test_grad_explosion_needs_history_but_not_for_huge_norms():
     assert fired([step(0, grad_norm=1e3), step(1, grad_norm=1e5)], "grad-explosion") == []
     assert fired([step(0, grad_norm=2e6)], "grad-explosion") == [("grad-explosion", 0, "warning")]
@@ -201,6 +211,16 @@ def test_loss_chance_fires_at_ln_classes_not_on_a_good_plateau():
     assert fired(good, "loss-chance") == []
     learning = [step(i, loss=math.log(10) * (1 - i / 400) + rng.gauss(0, 0.01)) for i in range(300)]
     assert Diagnosis({"loss-chance": {"classes": 10}}).run(learning) == []
+
+
+def test_loss_chance_sees_chance_once_a_low_loss_has_left_its_window():
+    # Five early losses far below ln(2), then the rest at chance: once the low ones slide out of the 100-step
+    # window, "never learned" holds (the rule's lower bound of the window's least loss is refreshed, not kept).
+    rng = random.Random(1)  # noqa: S311 - reproducible noise, not a secret
+    records = [step(i, loss=0.2 + rng.gauss(0, 0.01), classes=2) for i in range(5)]
+    records += [step(i, loss=math.log(2) + rng.gauss(0, 0.01)) for i in range(5, 300)]
+    alerts = Diagnosis(["loss-chance"]).run(records)
+    assert [(a["step"], "loss_median" in a["evidence"]) for a in alerts] == [(199, True)]
 
 
 def test_loss_spike_fires_on_one_bad_batch_and_not_on_a_noisy_loss():

@@ -97,6 +97,13 @@ def _shape_and_tensors(batch: Any, tensors: list[torch.Tensor]) -> Any:
     return None
 
 
+def _all_tensors(values: list[Any] | tuple[Any, ...]) -> bool:
+    for v in values:
+        if type(v) is not torch.Tensor:
+            return False
+    return True
+
+
 class BatchInfo:
     """What the step record says about a batch, measured without a sync."""
 
@@ -104,7 +111,14 @@ class BatchInfo:
 
     def __init__(self, batch: Any):
         tensors: list[torch.Tensor] = []
-        self.shape = _shape_and_tensors(batch, tensors)
+        mapping = False
+        kind = type(batch)
+        if (kind is tuple or kind is list) and _all_tensors(batch):
+            tensors += batch  # the usual (inputs, targets): no walk (~4 µs of an 11 µs probe)
+            self.shape = [list(t.shape) for t in tensors]
+        else:
+            self.shape = _shape_and_tensors(batch, tensors)
+            mapping = isinstance(batch, Mapping)
         nbytes = 0
         probe: torch.Tensor | None = None
         for t in tensors:
@@ -118,7 +132,7 @@ class BatchInfo:
         shape = first.shape if first is not None else ()
         self.size: int | None = shape[0] if shape else None
         self.tokens: Any = None
-        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        mask = batch.get("attention_mask") if mapping else None
         if isinstance(mask, torch.Tensor):
             self.tokens = defer(mask.sum())
         elif len(shape) >= 2 and first is not None and not first.is_floating_point() and not first.is_complex():

@@ -14,7 +14,7 @@ from array import array
 from typing import Any, NamedTuple, cast
 
 from tuiwatch.ledger.records import Record, StepRecord
-from tuiwatch.publisher.deferred import is_ready, resolve
+from tuiwatch.publisher.deferred import any_made, is_ready, resolve
 from tuiwatch.publisher.measure import BatchInfo
 
 # A step record carries at most this many sample ids: a batch of 200,000 made 1.3 MB lines that no viewer
@@ -94,7 +94,7 @@ class StepState:
         return values
 
     def ready(self) -> bool:
-        return all(is_ready(v) for v in self.deferred())
+        return not any_made() or all(is_ready(v) for v in self.deferred())
 
     def batches(self) -> list[BatchInfo]:
         return [] if self.batch is None else [self.batch, *self.folded] if self.folded else [self.batch]
@@ -189,7 +189,7 @@ class EvalState:
         self.t_end = 0.0
 
     def ready(self) -> bool:
-        return all(is_ready(v) for v in self.metrics.values())
+        return not any_made() or all(is_ready(v) for v in self.metrics.values())
 
     def build(self) -> Record:
         t = self.t_end or time.time()

@@ -84,15 +84,18 @@ class Diagnosis:
 
     def __init__(self, rules: RulesConfig | None = None):
         self.rules = build_rules(rules)
+        # The rules of each record kind, in registry order: one lookup a record instead of a test per rule.
+        self._by_kind: dict[object, list[Rule]] = {}
+        for rule in self.rules:
+            for kind in rule.kinds:
+                self._by_kind.setdefault(kind, []).append(rule)
 
     def feed(self, record: Record) -> list[AlertRecord]:
-        kind = record.get("kind")
         out = []
-        for rule in self.rules:
-            if kind in rule.kinds:
-                found = rule.observe(record)
-                if found is not None:
-                    out.append(found)
+        for rule in self._by_kind.get(record.get("kind"), ()):
+            found = rule.observe(record)
+            if found is not None:
+                out.append(found)
         return out
 
     def run(self, records: Iterable[Record]) -> list[AlertRecord]:

@@ -22,19 +22,29 @@ class GradExplosion(Rule):
         super().__init__()
         self.recent: deque[float] = deque(maxlen=window)
         self.ratio, self.huge, self.min_history = ratio, huge, min_history
+        self.low = math.inf  # a lower bound of the window's least norm (exact after each full look)
+
+    def _append(self, norm: float) -> None:
+        self.recent.append(norm)
+        if norm < self.low:
+            self.low = norm
 
     def check(self, record: Record) -> AlertRecord | None:
         norm = num(record.get("grad_norm"))
         if norm is None or not math.isfinite(norm):
             return None
         recent = self.recent
-        # Cheap test first: a norm under ratio × the window's minimum cannot beat ratio × its median.
-        suspect = len(recent) >= self.min_history and norm > self.ratio * min(recent)
+        # Cheap test first: a norm under ratio × the window's minimum cannot beat ratio × its median; under
+        # ratio × a lower bound of that minimum (the window only loses values) it cannot either.
+        suspect = len(recent) >= self.min_history and norm > self.ratio * self.low
+        if suspect:
+            self.low = min(recent)
+            suspect = norm > self.ratio * self.low
         if not suspect and norm < self.huge:
-            recent.append(norm)
+            self._append(norm)
             return None
         history = list(recent)
-        recent.append(norm)
+        self._append(norm)
         median = statistics.median(history) if len(history) >= self.min_history else None
         jumped = median is not None and median > 0 and norm > self.ratio * median
         if not jumped and norm < self.huge:
@@ -60,7 +70,7 @@ class GradExplosion(Rule):
         if norm is None or not math.isfinite(norm):
             return False
         history = list(self.recent)
-        self.recent.append(norm)
+        self._append(norm)
         return norm < self.huge and (not history or norm < 10 * statistics.median(history))
 
 

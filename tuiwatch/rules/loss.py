@@ -95,6 +95,7 @@ class LossChance(Rule):
         self.steps: deque[object] = deque(maxlen=jump)  # the steps of the last `jump` losses
         self.seen = 0
         self.since_fired = 0
+        self.low = math.inf  # a lower bound of the window's least loss (exact after each full look)
         self.last_lr: float | None = None
         self.peak_lr = 0.0
         self.since_rise = 0  # steps with a known lr since it last rose
@@ -122,6 +123,7 @@ class LossChance(Rule):
         self.grads.append(0.0 if norm is None else norm if math.isfinite(norm) else math.inf)  # 0.0: not recorded
         self.seen += 1
         self.since_fired += 1
+        self.low = min(self.low, loss)
         if self.classes is None or self.classes < 2:
             return None
         return math.log(self.classes)
@@ -133,15 +135,21 @@ class LossChance(Rule):
     def _never_learned(self, chance: float) -> bool:
         # Cheapest test first (this runs on every step record): a last loss below the floor is enough to say no.
         floor = (1 - 2 * self.tolerance) * chance
-        if self.recent[-1] < floor or min(self.recent) < floor:
+        if self.recent[-1] < floor:
             return False
+        if self.low < floor:
+            # `low` is the least loss since it was last exact, so at most the window's: only then look at it all.
+            self.low = min(self.recent)
+            if self.low < floor:
+                return False
         return abs(statistics.median(self.recent) - chance) <= self.tolerance * chance
 
     def _lost(self, chance: float) -> float | None:
         """The median loss before the last ``jump`` steps, if it was learned and they are all at chance or above."""
         recent, jump = self.recent, self.jump
-        if len(recent) < jump * 6 or min(recent[-i] for i in range(1, jump + 1)) < (1 - self.tolerance) * chance:
-            return None  # the usual answer, without copying the window
+        bar = (1 - self.tolerance) * chance
+        if len(recent) < jump * 6 or recent[-1] < bar or min(recent[-i] for i in range(2, jump + 1)) < bar:
+            return None  # the usual answer (a learned loss is under the bar at once), without copying the window
         values = list(recent)
         before = values[:-jump]
         median = statistics.median(before)

@@ -99,17 +99,17 @@ class NoUpdate(Rule):
     def _still(self, record: Record) -> bool | None:
         """Whether this optimizer step left the parameters where they were (None: nothing to say)."""
         grad = num(record.get("grad_norm"))
-        lr = record.get("lr")
         if record.get("opt_step") is None or record.get("opt_skipped") or not grad or not math.isfinite(grad):
             return None
-        lrs = [abs(v) for v in map(num, lr) if v is not None] if isinstance(lr, list) else []
-        if lrs and max(lrs) == 0:
+        top = top_lr(record)  # None: no lr known
+        if top == 0:
             return None
-        self.peak_lr = max(self.peak_lr, *lrs) if lrs else self.peak_lr
+        if top is not None and top > self.peak_lr:
+            self.peak_lr = top
         update, param = num(record.get("update_norm")), num(record.get("param_norm"))
         # A step of about lr x grad norm that float32 cannot even register on the weights
         # (a converged model at the end of a decay) is not "no update".
-        if lrs and param and max(lrs) * grad < self.resolution * param:
+        if top is not None and param and top * grad < self.resolution * param:
             return None
         if update is not None:
             self.zero_updates = self.zero_updates + 1 if update == 0 else 0

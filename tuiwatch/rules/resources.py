@@ -180,6 +180,8 @@ class Straggler(Rule):
         if type(rank) is not int or wait is None or compute is None:
             return None
         self.times.setdefault(rank, deque(maxlen=self.window)).append(wait + compute)
+        if len(self.times) < 2:
+            return None  # one rank (every single process): no medians to compare
         ready = {r: statistics.median(v) for r, v in self.times.items() if len(v) >= self.min_steps}
         if len(ready) < 2:
             return None
