@@ -311,3 +311,27 @@ def test_a_watch_says_where_its_ledger_is_once_and_every_path_is_absolute(
     monkeypatch.setenv("TUIWATCH_QUIET", "1")
     Watch(model, opt, run_dir=None, system=False).close()
     assert capsys.readouterr().err == ""
+
+
+def test_ranks_of_one_job_share_a_directory_by_run_id_and_a_bad_run_id_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    with pytest.raises(ValueError, match="run_id must be a non-empty string"):
+        Watch(_mlp()[0], run_dir=tmp_path, run_id="  ", quiet=True)
+    # Two ranks of a job, as the launcher's environment describes them (no process group needed to be named).
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (1, 0):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        model, optimizer = _mlp()
+        with Watch(model, optimizer, name="job", run_dir=tmp_path, run_id="exp/42", quiet=True) as watch:
+            for x, y in watch.batches(_data(3)):
+                loss = nn.functional.cross_entropy(model(x), y)
+                watch.log(loss=loss)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        assert watch.run_dir == tmp_path / "job-exp-42" / f"rank{rank}"
+    assert sorted(p.name for p in (tmp_path / "job-exp-42").iterdir()) == ["rank0", "rank1"]
+    run = next(iter(read_ledger(tmp_path / "job-exp-42" / "rank1")))
+    assert (run["run_id"], run["rank"], run["local_rank"], run["world_size"]) == ("exp/42", 1, 1, 2)

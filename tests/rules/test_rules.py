@@ -409,6 +409,57 @@ def test_straggler_names_the_slow_rank():
     assert [(a["evidence"]["rank"], a["step"]) for a in alerts] == [(2, 19)]
 
 
+def ddp_step(i: int, rank: int, wait: float, forward: float, backward: float) -> dict[str, Any]:
+    """A DDP rank's step: its total is wait + forward + backward + 1 ms of optimizer."""
+    return step(
+        i, rank=rank, data_wait_s=wait, compute_s=forward + backward + 0.001,
+        forward_s=forward, backward_s=backward, optimizer_s=0.001,
+    )  # fmt: skip
+
+
+def test_straggler_names_the_rank_the_others_wait_for_and_its_cause_under_ddp():
+    # Every rank's step takes 24 ms (the all-reduce evens them out); the others wait inside their backward.
+    slow_input = [
+        ddp_step(i, r, *((0.020, 0.002, 0.001) if r == 1 else (0.0002, 0.002, 0.0208)))
+        for i in range(40)
+        for r in range(4)
+    ]
+    alerts = Diagnosis(["straggler"]).run(slow_input)
+    assert [(a["evidence"]["rank"], a["evidence"]["cause"], a["step"]) for a in alerts] == [(1, "input", 19)]
+    assert alerts[0]["evidence"]["gap_s"] == pytest.approx(0.0198)
+    assert set(alerts[0]["evidence"]["phase_medians"]) == {"0", "1", "2", "3"}
+    assert "rank 1 makes the other ranks wait 19.8 ms a step" in alerts[0]["message"]
+    # A slow forward on rank 2: the others wait at the all-reduce, their forward + backward equal its own.
+    slow_forward = [
+        ddp_step(i, r, 0.0002, *((0.018, 0.001) if r == 2 else (0.002, 0.017))) for i in range(40) for r in range(4)
+    ]
+    alerts = Diagnosis(["straggler"]).run(slow_forward)
+    assert [(a["evidence"]["rank"], a["evidence"]["cause"]) for a in alerts] == [(2, "compute")]
+    # With batch norm, DDP also syncs at the forward's start: a slow loader's victims wait there, in forward_s.
+    buffered = [
+        ddp_step(i, r, *((0.020, 0.002, 0.005) if r == 0 else (0.0002, 0.0218, 0.005)))
+        for i in range(40)
+        for r in range(2)
+    ]
+    alerts = Diagnosis(["straggler"]).run(buffered)
+    assert [(a["evidence"]["rank"], a["evidence"]["cause"]) for a in alerts] == [(0, "input")]
+
+
+def test_straggler_is_quiet_on_healthy_ranks_and_names_no_cause_the_phases_do_not_show():
+    rng = random.Random(6)  # noqa: S311 - reproducible noise, not a secret
+    healthy = [
+        ddp_step(i, r, 0.0002 * rng.uniform(0.5, 2), 0.002 * rng.uniform(0.8, 1.2), 0.02 * rng.uniform(0.8, 1.2))
+        for i in range(300)
+        for r in range(8)
+    ]
+    assert fired(healthy, "straggler") == []
+    # The others wait 15 ms, but neither its data wait nor its forward is longer: the alert says so, no cause.
+    unexplained = [ddp_step(i, r, 0.0002, 0.002, 0.001 if r == 3 else 0.016) for i in range(40) for r in range(4)]
+    alerts = Diagnosis(["straggler"]).run(unexplained)
+    assert [(a["evidence"]["rank"], a["evidence"]["cause"]) for a in alerts] == [(3, None)]
+    assert "do not explain it" in alerts[0]["message"]
+
+
 def test_docs_name_every_rule_and_threshold():
     text = (Path(__file__).parents[2] / "docs" / "rules.md").read_text()
     for rule_id in REGISTRY:

@@ -243,8 +243,14 @@ def as_text(summary: dict[str, Any]) -> str:
     if summary["alerts"]:
         lines.append("alerts")
         for rule, a in sorted(summary["alerts"].items(), key=lambda kv: kv[1]["first_step"] or 0):
+            where = ""
+            if a.get("ranks"):  # a multi-rank job (analysis/job.py): which rank saw it first, and which others
+                first = a.get("first_rank", a["ranks"][0])
+                others = [r for r in a["ranks"] if r != first]
+                where = f" on rank {first}" + (f" (also ranks {', '.join(map(str, sorted(others)))})" if others else "")
             lines.append(
                 f"  {safe(rule, 30):<16} {safe(a['severity'], 10):<8} x{a['count']}  first at step {a['first_step']}"
+                + where
             )
     else:
         lines.append("alerts     none")

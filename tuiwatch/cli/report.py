@@ -16,15 +16,22 @@ def add_parser(sub: Any) -> None:
         "final and best loss, alerts by rule, data-wait share, peak memory. A run resumed from a checkpoint "
         "is reported from its first step, through the ledgers it resumed from.",
     )
-    p.add_argument("path", help="ledger.jsonl or a run directory")
+    p.add_argument("path", help="ledger.jsonl, a run directory, or a multi-rank job's directory (rank*/ledger.jsonl)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from tuiwatch.analysis.job import job_text, summarize_job
     from tuiwatch.analysis.report import as_text, summarize
     from tuiwatch.ledger.chain import read_run
+    from tuiwatch.ledger.ranks import rank_ledgers
 
+    ranks = rank_ledgers(args.path)
+    if ranks:  # a multi-rank job's directory: one report of all its ranks
+        job = summarize_job(ranks)
+        print(json_text(job) if args.json else job_text(job))
+        return 0
     chain = read_run(args.path)  # a resumed run is reported as one run, from its first step
     summary = summarize(chain.iter_records(), chain=chain)  # streamed: bounded memory, whatever the length
     if args.json:

@@ -31,6 +31,7 @@ class RunRecord(TypedDict):
     host: str
     pid: int
     rank: int
+    local_rank: int  # the rank among this host's ranks (LOCAL_RANK)
     world_size: int
     argv: list[str]
     seed: int | None
@@ -80,6 +81,9 @@ class _StepFields(TypedDict):
     tokens: int | None
     data_wait_s: float | None
     compute_s: float | None
+    forward_s: float | None  # the step's phases (host clock): null unless one forward and one optimizer step
+    backward_s: float | None  # from the forward's return to the optimizer: under DDP, the all-reduce wait too
+    optimizer_s: float | None
     examples_per_s: float | None
     mem_allocated: int | None
     mem_reserved: int | None
@@ -208,6 +212,9 @@ STEP_FIELDS = (
     "tokens",
     "data_wait_s",
     "compute_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
     "examples_per_s",
     "mem_allocated",
     "mem_reserved",

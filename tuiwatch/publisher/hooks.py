@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 import types
 import weakref
 from typing import Any
@@ -181,6 +182,7 @@ class ModelHooks:
         if tracker.off:
             return
         s = tracker.current()
+        s.opt_start = time.perf_counter()
         params = self.params()
         measured = tracker.measured(s)
         checking = self.checking
@@ -199,6 +201,7 @@ class ModelHooks:
         s = tracker.cur
         if tracker.off or s is None:
             return
+        s.opt_end = time.perf_counter()
         s.lr = [defer(g["lr"]) if isinstance(g["lr"], torch.Tensor) else g["lr"] for g in optimizer.param_groups]
         if s.opt_skipped:
             return
@@ -256,7 +259,13 @@ class ModelHooks:
             evaluation.training = bool(evaluation.training) or module.training
             return
         s = tracker.cur
-        if s is None or s.forward_probe is not None or not tracker.measured(s):
+        if s is None:
+            return
+        # The step's phases (forward, then backward up to the optimizer): host clock, no sync.
+        s.forwards += 1
+        if s.forwards == 1:
+            s.forward_end = time.perf_counter()
+        if s.forward_probe is not None or not tracker.measured(s):
             return
         out = first_tensor(output)
         if out is not None and out.is_floating_point():

@@ -77,6 +77,11 @@ class StepState:
     inner_wait = 0.0  # data wait of micro-batches folded in after the step began
     scale: Any = None  # the GradScaler's scale at the step's end
     t_end = 0.0
+    # perf_counter() at the phase boundaries: the model's first forward returned, the optimizer began and ended
+    forwards = 0
+    forward_end: float | None = None
+    opt_start: float | None = None
+    opt_end: float | None = None
 
     def __init__(self, step: int, started: float):
         self.step = step
@@ -98,6 +103,22 @@ class StepState:
 
     def batches(self) -> list[BatchInfo]:
         return [] if self.batch is None else [self.batch, *self.folded] if self.folded else [self.batch]
+
+    def phases(self) -> dict[str, float | None]:
+        """Host seconds of the step's phases, when it had one forward and one optimizer step.
+
+        ``backward_s`` runs from the forward's return to the optimizer: under DDP
+        it holds the wait at the gradient all-reduce, which is how the rank
+        that made the others wait is told from them (docs/distributed.md).
+        """
+        end, start, stop = self.forward_end, self.opt_start, self.opt_end
+        if self.forwards != 1 or end is None or start is None or stop is None or self.micro_batches > 1:
+            return _no_phases()
+        return {
+            "forward_s": max(end - self.started, 0.0),
+            "backward_s": max(start - end, 0.0),
+            "optimizer_s": max(stop - start, 0.0),
+        }
 
     def build(self) -> StepRecord:
         t = self.t_end or time.time()
@@ -132,6 +153,7 @@ class StepState:
             "tokens": tokens,
             "data_wait_s": self.data_wait_s,
             "compute_s": compute_s,
+            **self.phases(),
             "examples_per_s": batch_size / total_s if batch_size and total_s > 0 else None,
             "mem_allocated": mem.allocated if mem else None,
             "mem_reserved": mem.reserved if mem else None,
@@ -160,6 +182,10 @@ class StepState:
         if self.scale is not None:
             record["scale"] = resolve(self.scale)
         return record
+
+
+def _no_phases() -> dict[str, float | None]:
+    return {"forward_s": None, "backward_s": None, "optimizer_s": None}
 
 
 def _batch_totals(batches: list[BatchInfo]) -> tuple[int | None, int | None, Any]:

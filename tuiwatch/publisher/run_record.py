@@ -6,7 +6,6 @@ import os
 import socket
 import sys
 import time
-import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from tuiwatch.ledger.records import SCHEMA, RunRecord
 from tuiwatch.publisher import environment
 from tuiwatch.publisher.atomic import modes
 from tuiwatch.publisher.optimizers import optimizer_name
+from tuiwatch.publisher.ranks import Ranks
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.wire.socketdir import safe_name
 
@@ -69,24 +69,21 @@ def shared_root_warning(root: Path) -> str | None:
     return None
 
 
-def start_line(name: str, ledger: Path | None, socket_path: Path | None, socket_error: str | None) -> str:
-    """The one line a Watch prints at start (stderr): where the ledger is and how to watch the run, or why not."""
-    where = f"ledger {ledger}" if ledger is not None else "no ledger file (run_dir=None)"
+def start_line(
+    name: str, ledger: Path | None, socket_path: Path | None, socket_error: str | None, *, world_size: int = 1
+) -> str:
+    """The one line a Watch prints at start (stderr): where the ledger is and how to watch the run, or why not.
+
+    A job of several ranks prints it once per host (local rank 0), naming the directory its ranks share.
+    """
+    if world_size > 1 and ledger is not None:
+        where = f"{world_size} ranks, ledgers {ledger.parent.parent}/rank*/{ledger.name}"
+    else:
+        where = f"ledger {ledger}" if ledger is not None else "no ledger file (run_dir=None)"
     if socket_path is not None:
         return f"tuiwatch: {name}: {where}; watch it with: tuiwatch attach {name}"
     replay = f"; replay it with: tuiwatch replay {ledger.parent}" if ledger is not None else ""
     return f"tuiwatch: no live socket for this run ({socket_error}); {name}: {where}{replay}"
-
-
-def rank_and_world() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except (ImportError, RuntimeError):
-        pass  # no usable process group: the launcher's environment says
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def device_total_memory(device: torch.device) -> int | None:
@@ -117,20 +114,21 @@ def make_run_record(
     socket_path: Path | None,
     socket_error: str | None,
     tcp_address: str | None,
+    ranks: Ranks,
 ) -> RunRecord:
     """Everything known about the run at its start, its Watch's settings last."""
-    rank, world = rank_and_world()
     versions = environment.versions()
     return {
         "kind": "run",
         "t": time.time(),
         "schema": SCHEMA,
         "name": name,
-        "run_id": os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex[:12],
+        "run_id": ranks.run_id,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "rank": rank,
-        "world_size": world,
+        "rank": ranks.rank,
+        "local_rank": ranks.local_rank,
+        "world_size": ranks.world_size,
         "argv": list(sys.argv),
         "seed": seed,
         "seeding": last_seeding(),

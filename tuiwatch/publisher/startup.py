@@ -38,6 +38,7 @@ from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
 from tuiwatch.publisher.atomic import Directory, modes
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.background.server import TcpListener, bind_private_socket, open_tcp_listener
+from tuiwatch.publisher.ranks import Ranks, new_rank_dir
 from tuiwatch.publisher.run_record import make_run_record, new_run_dir, shared_root_warning
 from tuiwatch.rules import Diagnosis
 from tuiwatch.wire.protocol import Command
@@ -53,12 +54,13 @@ class Listeners:
     tcp: TcpListener | None = None
 
 
-def open_store(run_dir: str | Path | None, name: str) -> tuple[Directory | None, LedgerStore]:
+def open_store(run_dir: str | Path | None, name: str, ranks: Ranks) -> tuple[Directory | None, LedgerStore]:
     if run_dir is None:
         return None, MemoryTail()
     root = Path(run_dir).absolute()  # every path shown is absolute
     # Held open from here on: every later write goes into this directory, even if it is renamed or swapped.
-    directory = Directory.open(new_run_dir(root, name))
+    # A rank of a multi-rank job: its own directory inside the one the job's ranks on this host share.
+    directory = new_rank_dir(root, name, ranks) if ranks.several else Directory.open(new_run_dir(root, name))
     warning = shared_root_warning(root)
     if warning is not None:
         print(f"tuiwatch: {name}: {warning}", file=sys.stderr)
@@ -139,10 +141,11 @@ def open_publishing(
     queue_size: int,
     system_interval_s: float | None,
     device: torch.device,
+    ranks: Ranks,
     run_info: dict[str, Any],
 ) -> Publishing:
     """Steps 1 to 4 above; ``run_info`` is what the run record says of the model and the Watch's settings."""
-    directory, store = open_store(run_dir, name)
+    directory, store = open_store(run_dir, name, ranks)
     pipeline = Pipeline(
         store,
         capacity=queue_size,
@@ -158,6 +161,7 @@ def open_publishing(
         socket_path=listeners.path,
         socket_error=listeners.error,
         tcp_address=listeners.tcp.address if listeners.tcp is not None else None,
+        ranks=ranks,
         **run_info,
     )
     run_line = encode(record)

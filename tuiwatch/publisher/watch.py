@@ -30,6 +30,7 @@ from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.hooks import ModelHooks, default_param_norm_every, default_update_norm_every
 from tuiwatch.publisher.loader import iter_with_ids
 from tuiwatch.publisher.pending import EvalState, StepState
+from tuiwatch.publisher.ranks import current_ranks
 from tuiwatch.publisher.run_record import default_name, start_line
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
@@ -74,8 +75,11 @@ class Watch:
         quiet: bool = False,
         step_per: str = "batch",
         resume_from: str | Path | None = None,
+        run_id: str | None = None,
     ):
         _check_arguments(model, optimizer, on_nonfinite=on_nonfinite, stop=stop, every=every, step_per=step_per)
+        if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
+            raise ValueError(f"run_id must be a non-empty string shared by the job's ranks, got {run_id!r}")
         tcp_address = tcp_option(tcp)  # a bad address is refused before anything is created
         diagnosis = Diagnosis(rules)  # raises for an unknown rule id, before anything is created
         self._parts = resume.Trainables(model, optimizer, scheduler, scaler)
@@ -112,6 +116,7 @@ class Watch:
             queue_size=queue_size,
             system_interval_s=(1.0 if system else None) if isinstance(system, bool) else float(system),
             device=self.device,
+            ranks=current_ranks(run_id),
             run_info={
                 "seed": self.seed,
                 "model": model,
@@ -153,9 +158,10 @@ class Watch:
         self._hooks.attach()
         publishing.start(self._commands.on_command, dumps.on_alert, viewer_stall_s=viewer_stall_s)
         socket_error = self.run_record["socket_error"]
-        if socket_error is not None or not (quiet or os.environ.get("TUIWATCH_QUIET")):
-            # Quiet silences the start line, never the reason a run has no socket.
-            line = start_line(self.name, self.ledger_path, self.socket_path, socket_error)
+        world, first_here = self.run_record["world_size"], self.run_record["local_rank"] == 0
+        if socket_error is not None or not (quiet or os.environ.get("TUIWATCH_QUIET") or not first_here):
+            # Quiet silences the start line, never the reason a run has no socket; one line per host for a job.
+            line = start_line(self.name, self.ledger_path, self.socket_path, socket_error, world_size=world)
             print(line, file=sys.stderr, flush=True)
         process.watches.add(self)
         process.install_hooks()

@@ -158,52 +158,182 @@ class Oom(Rule):
         return record.get("kind") == "step" and "oom" not in record
 
 
-class Straggler(Rule):
-    """One rank's step time is far above the other ranks' (records carry their ``rank``).
+PHASES = ("data_wait_s", "forward_s", "backward_s", "optimizer_s")
 
-    Only a stream that merges several ranks' records feeds this rule (a single
-    process sees one rank). Keeps each rank's last ``window`` step times
-    (data wait + compute); fires when the slowest rank's median exceeds
-    ``ratio`` × the median of the other ranks' medians.
+
+class Straggler(Rule):
+    """One rank holds the others back; the alert names it, and its cause when the phases explain it.
+
+    Fed by a stream that merges several ranks' step records, each tagged with
+    its ``rank`` (the viewer, ``report``); a single process sees one rank. Keeps
+    each rank's last ``window`` steps; judges every ``every`` steps of the job
+    once at least two ranks have ``min_steps``.
+
+    Under DDP every rank's step takes the same time: the fast ranks wait at the
+    gradient all-reduce for the slow one, inside their ``backward_s``. So the
+    culprit is the rank that waited least there, the one with the smallest
+    median ``backward_s`` (TraceML's policy), and the time the others lose is
+    ``gap`` = the other ranks' median ``backward_s`` minus the culprit's. With
+    buffers (batch norm), DDP also syncs at the start of each forward: the same
+    is then read from ``forward_s + backward_s``, and the larger gap counts. It
+    fires when the gap is over ``share`` of the step and over ``min_gap_s``.
+    The cause is named only when one phase explains at least ``explained`` of
+    the gap: the culprit's extra data wait ("input"), or its extra forward time
+    ("compute"); otherwise the alert says the phases measured do not explain it
+    (host-to-device copies, compute inside backward, the host). Ranks without
+    phases (no optimizer hooked, or ranks that never synchronise) are compared
+    by step time: the slowest rank's median over ``ratio`` × the others'.
+    Clears when the gap is under half its bar (or the step ratio under ``ratio``).
     """
 
     id = "straggler"
 
-    def __init__(self, window: int = 50, ratio: float = 1.5, min_steps: int = 20):
+    def __init__(
+        self,
+        window: int = 50,
+        min_steps: int = 20,
+        share: float = 0.25,
+        min_gap_s: float = 0.002,
+        explained: float = 0.5,
+        ratio: float = 1.5,
+        every: int = 10,
+    ):
         super().__init__()
-        self.window, self.ratio, self.min_steps = window, ratio, min_steps
-        self.times: dict[int, deque[float]] = {}
+        self.window, self.min_steps, self.share, self.min_gap_s = window, min_steps, share, min_gap_s
+        self.explained, self.ratio, self.every = explained, ratio, every
+        self.ranks: dict[int, dict[str, deque[float]]] = {}
+        self.seen = 0
+        self.last: bool | None = None  # the last judgement: a straggler or not (None: too early to say)
 
-    def _slowest(self, record: Record) -> tuple[int, float, float] | None:
+    def _push(self, record: Record) -> bool:
+        """Fold the record in; whether it is time to judge."""
         rank = record.get("rank")
         wait, compute = num(record.get("data_wait_s")), num(record.get("compute_s"))
         if type(rank) is not int or wait is None or compute is None:
-            return None
-        self.times.setdefault(rank, deque(maxlen=self.window)).append(wait + compute)
-        if len(self.times) < 2:
-            return None  # one rank (every single process): no medians to compare
-        ready = {r: statistics.median(v) for r, v in self.times.items() if len(v) >= self.min_steps}
-        if len(ready) < 2:
-            return None
-        slow = max(ready, key=ready.__getitem__)
-        others = statistics.median(v for r, v in ready.items() if r != slow)
-        return slow, ready[slow], others
+            return False
+        series = self.ranks.get(rank)
+        if series is None:
+            series = self.ranks[rank] = {k: deque(maxlen=self.window) for k in ("step_s", "model_s", *PHASES)}
+        series["step_s"].append(wait + compute)
+        for phase in PHASES:
+            value = num(record.get(phase))
+            if value is not None:
+                series[phase].append(value)
+        forward, backward = num(record.get("forward_s")), num(record.get("backward_s"))
+        if forward is not None and backward is not None:
+            series["model_s"].append(forward + backward)
+        self.seen += 1
+        # Every `every` steps of the job (records of all ranks): a 64-rank job is judged as often as one of 2.
+        return len(self.ranks) >= 2 and self.seen % (self.every * len(self.ranks)) == 0
 
-    def check(self, record: Record) -> AlertRecord | None:
-        found = self._slowest(record)
-        if found is None or found[1] <= self.ratio * found[2]:
-            return None
-        rank, slow, others = found
-        return alert_record(
+    def _medians(self) -> dict[int, dict[str, float | None]]:
+        ready = {r: v for r, v in self.ranks.items() if len(v["step_s"]) >= self.min_steps}
+        return {
+            r: {k: statistics.median(d) if len(d) >= self.min_steps else None for k, d in v.items()}
+            for r, v in ready.items()
+        }
+
+    def _judge(self, record: Record) -> tuple[bool, AlertRecord | None]:
+        medians = self._medians()
+        if len(medians) < 2:
+            return False, None
+        if all(m["backward_s"] is not None for m in medians.values()):
+            return self._by_phases(record, medians)
+        return self._by_step_time(record, medians)
+
+    def _by_phases(
+        self, record: Record, medians: dict[int, dict[str, float | None]]
+    ) -> tuple[bool, AlertRecord | None]:
+        def m(rank: int, key: str) -> float:
+            return medians[rank][key] or 0.0
+
+        def least(key: str) -> tuple[float, int]:
+            rank = min(medians, key=lambda r: m(r, key))
+            return statistics.median(m(r, key) for r in medians if r != rank) - m(rank, key), rank
+
+        # The waits at DDP's syncs: the all-reduce, inside backward_s; with buffers (batch norm) also their
+        # broadcast at the start of the forward, inside forward_s + backward_s (model_s). The culprit waited
+        # least at whichever shows the larger gap: a slow loader's ranks wait at the first sync they reach,
+        # a slow forward's at the all-reduce (their forward + backward come out equal).
+        gap, culprit = max(least("backward_s"), least("model_s"))
+        others = [r for r in medians if r != culprit]
+        step = statistics.median(m(r, "step_s") for r in medians)
+        bar = max(self.share * step, self.min_gap_s)
+        if gap <= (bar if not self.active else bar / 2):
+            return False, None
+        extra_wait = m(culprit, "data_wait_s") - statistics.median(m(r, "data_wait_s") for r in others)
+        extra_forward = m(culprit, "forward_s") - statistics.median(m(r, "forward_s") for r in others)
+        if extra_wait >= self.explained * gap:
+            cause, why = "input", f"its data wait is {extra_wait * 1000:.1f} ms longer than theirs"
+            advice = "that rank's loader: its shard, workers, storage or transforms"
+        elif extra_forward >= self.explained * gap:
+            cause, why = "compute", f"its forward takes {extra_forward * 1000:.1f} ms longer than theirs"
+            advice = "that rank's device and batch: a slower or throttled GPU, longer sequences in its shard"
+        else:
+            cause, why = None, "its data wait and forward do not explain it"
+            advice = "that rank's host-to-device copies, its backward, or its host (CPU contention, a slower link)"
+        alert = alert_record(
             self.id,
             "warning",
             record.get("step"),
-            f"rank {rank} takes {slow * 1000:.1f} ms a step, "
-            f"{slow / others:.1f}x the other ranks ({others * 1000:.1f} ms)",
-            {"rank": rank, "step_s": slow, "others_step_s": others},
+            f"rank {culprit} makes the other ranks wait {gap * 1000:.1f} ms a step at the gradient sync "
+            f"({gap / step:.0%} of a {step * 1000:.1f} ms step): {why}" + (f" ({cause})" if cause else ""),
+            {
+                "rank": culprit,
+                "cause": cause,
+                "gap_s": gap,
+                "step_s": step,
+                "phase_medians": _phase_table(medians),
+            },
+            advice,
+        )
+        return True, alert
+
+    def _by_step_time(
+        self, record: Record, medians: dict[int, dict[str, float | None]]
+    ) -> tuple[bool, AlertRecord | None]:
+        steps = {r: v["step_s"] or 0.0 for r, v in medians.items()}
+        slow = max(steps, key=steps.__getitem__)
+        others = statistics.median(v for r, v in steps.items() if r != slow)
+        if steps[slow] <= self.ratio * others:
+            return False, None
+        alert = alert_record(
+            self.id,
+            "warning",
+            record.get("step"),
+            f"rank {slow} takes {steps[slow] * 1000:.1f} ms a step, "
+            f"{steps[slow] / others:.1f}x the other ranks ({others * 1000:.1f} ms)",
+            {
+                "rank": slow,
+                "cause": None,
+                "step_s": steps[slow],
+                "others_step_s": others,
+                "phase_medians": _phase_table(medians),
+            },
             "that rank's loader and host: data wait, CPU contention, a slower GPU or link",
         )
+        return True, alert
+
+    def check(self, record: Record) -> AlertRecord | None:
+        if not self._push(record):
+            return None
+        self.last, found = self._judge(record)
+        return found
 
     def clears(self, record: Record) -> bool:
-        found = self._slowest(record)
-        return found is not None and found[1] <= self.ratio * found[2]
+        if self._push(record):
+            self.last, _ = self._judge(record)
+            return not self.last
+        return False
+
+
+# The evidence of a job this large lists its slowest and fastest ranks only: an alert is one line, not a table.
+MAX_EVIDENCE_RANKS = 16
+
+
+def _phase_table(medians: dict[int, dict[str, float | None]]) -> dict[str, dict[str, float | None]]:
+    ranks = sorted(medians, key=lambda r: medians[r]["backward_s"] or medians[r]["step_s"] or 0.0)
+    if len(ranks) > MAX_EVIDENCE_RANKS:
+        half = MAX_EVIDENCE_RANKS // 2
+        ranks = ranks[:half] + ranks[-half:]
+    return {str(r): medians[r] for r in sorted(ranks)}

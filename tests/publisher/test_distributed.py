@@ -1,0 +1,81 @@
+"""A real DDP job under torchrun (gloo, 2 CPU ranks): one job directory, rank-tagged ledgers, per-rank phases,
+and a planted straggler named by rank and cause in the job's report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuiwatch.ledger.ranks import merge_ranks, rank_ledgers
+from tuiwatch.ledger.reader import read_ledger
+
+from ..helpers import SCRIPTS, env_for
+
+pytestmark = pytest.mark.integration
+
+
+def torchrun(run_root: Path, socket_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(SCRIPTS / "ddp_train.py")]
+    done = subprocess.run(
+        [*cmd, "--run-dir", str(run_root), *args], env=env_for(socket_dir), capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def report(job: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tuiwatch", "report", "--json", str(job)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    summary: dict[str, Any] = json.loads(done.stdout)
+    return summary
+
+
+def test_a_torchrun_job_is_one_directory_of_rank_ledgers_with_phases(tmp_path: Path):
+    done = torchrun(tmp_path / "runs", tmp_path / "sock")
+    (job,) = (tmp_path / "runs").iterdir()
+    ledgers = rank_ledgers(job)
+    assert sorted(ledgers) == [0, 1]
+    assert ledgers[0] == job / "rank0" / "ledger.jsonl"
+    # One start line for the job on this host (local rank 0), naming the directory the ranks share.
+    assert done.stderr.count("tuiwatch: ddp: 2 ranks, ledgers") == 1
+    runs = {rank: next(iter(read_ledger(path))) for rank, path in ledgers.items()}
+    assert {(r["rank"], r["local_rank"], r["world_size"]) for r in runs.values()} == {(0, 0, 2), (1, 1, 2)}
+    assert runs[0]["run_id"] == runs[1]["run_id"]
+    assert job.name == f"ddp-{runs[0]['run_id']}"[:44]
+    for path in ledgers.values():
+        steps = [r for r in read_ledger(path) if r["kind"] == "step"]
+        assert [s["step"] for s in steps] == list(range(64))  # 2 epochs of 1,024 samples / 32 per batch, each rank
+        for s in steps:
+            assert s["forward_s"] > 0
+            assert s["backward_s"] > 0
+            assert s["optimizer_s"] > 0
+            assert s["forward_s"] + s["backward_s"] + s["optimizer_s"] <= s["compute_s"] + 1e-6
+    merged = [r for r in merge_ranks({k: read_ledger(p) for k, p in ledgers.items()}) if r["kind"] == "step"]
+    assert [(r["step"], r["rank"]) for r in merged[:4]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    summary = report(job)
+    assert summary["world_size"] == 2
+    assert [r["steps"] for r in summary["ranks"]] == [64, 64]
+    assert "straggler" not in summary["alerts"]  # healthy ranks: nobody waits for anybody
+
+
+def test_a_slow_loader_on_rank_1_is_named_as_the_straggler_by_its_input(tmp_path: Path):
+    torchrun(tmp_path / "runs", tmp_path / "sock", "--slow-rank", "1", "--slow-s", "0.02")
+    (job,) = (tmp_path / "runs").iterdir()
+    summary = report(job)
+    straggler = summary["alerts"]["straggler"]
+    assert straggler["ranks"] == [1]
+    assert straggler["first_step"] < 40
+    (alert,) = [a for a in summary["cross_rank"] if a["rule"] == "straggler"]
+    assert alert["evidence"]["rank"] == 1
+    assert alert["evidence"]["cause"] == "input"
+    phases = alert["evidence"]["phase_medians"]
+    # The victim (rank 0) waits ~20 ms at the all-reduce inside its backward; the culprit waits for its data.
+    assert phases["0"]["backward_s"] > 0.015 > phases["1"]["backward_s"]
+    assert phases["1"]["data_wait_s"] > 0.015 > phases["0"]["data_wait_s"]
