@@ -31,8 +31,8 @@ class Client:
         self.records = iter_records(self.sock)
         self.seen: list[dict[str, Any]] = []
 
-    def send(self, cmd: str, cmd_id: int) -> None:
-        self.sock.sendall(command_line(cmd, cmd_id))
+    def send(self, cmd: str, cmd_id: int, at: int | None = None) -> None:
+        self.sock.sendall(command_line(cmd, cmd_id, at))
 
     def reply(self, cmd_id: int, ok: bool | None = None) -> dict[str, Any]:
         """The next reply to ``cmd_id`` (with that ``ok``, when given), reading as far as needed."""
@@ -103,6 +103,27 @@ def test_a_checkpoint_taken_mid_run_resumes_the_run_exactly(run_root: Path, sock
     assert [(r["loss"], r["lr"], r["ids"]) for r in got] == [(r["loss"], r["lr"], r["ids"]) for r in expected]
     steps = records(ledger_file(run_root / "c"), "step")
     assert steps[0]["step"] == k
+
+
+def test_a_command_with_at_runs_at_that_step_and_one_past_it_at_once(run_root: Path, socket_dir: Path):
+    proc = start_training(run_root, socket_dir, "--steps", "400", "--step-sleep", "0.01")
+    client = Client(socket_dir)
+    client.until_step(3)
+    # "at": the boundary with that many steps done (what a viewer sends every rank of a job).
+    client.send("checkpoint", 1, at=40)
+    client.send("dump", 2, at=2)  # already past: runs at the next boundary
+    late, early = client.reply(1), client.reply(2)
+    client.send("stop", 3)
+    client.reply(3)
+    client.close()
+    finish(proc)
+    assert late["ok"] is True
+    assert (late["steps_done"], late["step"]) == (40, 39)
+    assert Path(late["path"]).name == "step-40.pt"
+    assert early["ok"] is True
+    assert 3 <= early["step"] < 39
+    actions = [r["id"] for r in records(ledger_file(run_root), "action")]
+    assert actions == [2, 1, 3]
 
 
 def test_dump_pause_resume_and_commands_run_once_in_order(run_root: Path, socket_dir: Path):
@@ -247,7 +268,7 @@ def test_the_same_command_sent_while_one_waits_runs_once_and_answers_every_id():
     queue = CommandQueue()
     assert [queue.offer(Command(cmd, i)) for i, cmd in enumerate(["pause", "dump", "pause", "pause"], 1)] == [None] * 4
     assert queue.offer(Command("dump", 2)) == "command id 2 was already received; each id runs once"
-    taken = queue.take()
+    taken = queue.take(0)
     assert [(q.command, q.also) for q in taken] == [(Command("pause", 1), [3, 4]), (Command("dump", 2), [])]
     assert not queue
     for i in range(MAX_QUEUED):
@@ -256,5 +277,18 @@ def test_the_same_command_sent_while_one_waits_runs_once_and_answers_every_id():
         queue.offer(Command("stop", 999))
         == "busy: 16 commands already wait for the next step boundary; send it again later"
     )
-    assert [len(q.also) for q in queue.take()] == [MAX_QUEUED - 1]
+    assert [len(q.also) for q in queue.take(0)] == [MAX_QUEUED - 1]
     assert queue.offer(Command("stop", 1000)) is None  # taken: room again
+
+
+def test_a_queued_command_with_at_waits_for_its_step_and_joins_only_its_twin():
+    queue = CommandQueue()
+    assert queue.offer(Command("checkpoint", 1, at=10)) is None
+    assert queue.offer(Command("checkpoint", 2, at=12)) is None
+    assert queue.offer(Command("checkpoint", 3, at=10)) is None
+    assert queue.offer(Command("dump", 4)) is None
+    assert [(q.command.id, q.also) for q in queue.take(9)] == [(4, [])]
+    assert [(q.command.id, q.also) for q in queue.take(10)] == [(1, [3])]
+    assert queue.take(11) == []
+    assert [q.command.id for q in queue.take(15)] == [2]
+    assert not queue

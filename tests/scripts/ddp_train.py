@@ -51,6 +51,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-s", type=float, default=0.0)
+    p.add_argument("--step-sleep", type=float, default=0.0, help="seconds each rank sleeps a step (a live job)")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -71,6 +72,12 @@ def main() -> None:
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
+                if args.step_sleep:
+                    time.sleep(args.step_sleep)
+                if watch.should_stop:
+                    break
+            if watch.should_stop:
+                break
     dist.destroy_process_group()
     print(f"rank {rank} of {os.environ.get('WORLD_SIZE')} done", flush=True)
 

@@ -13,7 +13,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "attach",
         help="watch a live run in the terminal",
-        description="Open the viewer on a live run. TARGET: a run name, a pid, or a socket path on this host; "
+        description="Open the viewer on a live run. TARGET: a run name, a pid, or a socket path on this host "
+        "(the name or run id of a torchrun job opens all of its ranks here; a pid, that rank alone); "
         "[user@]host:[name] for a run on another host, reached through your ssh; tcp://HOST:PORT with "
         "--token-file (or the token file alone) for a run started with Watch(tcp=...); without TARGET, the one "
         "live run here, or a picker when there are several.",
@@ -67,7 +68,14 @@ def add_remote_options(p: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tuiwatch.errors import TuiwatchError
-    from tuiwatch.wire.discovery import LiveRun, choose_remote_run, find_socket_by_name, parse_remote, resolve_target
+    from tuiwatch.wire.discovery import (
+        LiveJob,
+        LiveRun,
+        choose_remote_run,
+        find_socket_by_name,
+        parse_remote,
+        resolve_target,
+    )
     from tuiwatch.wire.tcp import check_tcp_target, tcp_target
 
     over_tcp = tcp_target(args.target, args.token_file)
@@ -94,9 +102,14 @@ def run(args: argparse.Namespace) -> int:
         if choice is None:
             return 0
         found = choice
-    assert isinstance(found, LiveRun)
     from tuiwatch.viewer.app import TuiwatchApp
-    from tuiwatch.viewer.sources import SocketSource
+    from tuiwatch.viewer.sources import RanksSource, SocketSource
+
+    if isinstance(found, LiveJob):
+        sockets = {r.rank or 0: Path(r.socket) for r in found.ranks}
+        source = RanksSource(sockets, found.name, found.world_size, lambda n, r: find_socket_by_name(n, rank=r))
+        return TuiwatchApp(source, fps=args.fps).run_viewer()
+    assert isinstance(found, LiveRun)
 
     if not Path(found.socket).exists():
         raise TuiwatchError(f"the run {found.name} went away before the viewer started")

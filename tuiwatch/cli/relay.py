@@ -23,13 +23,18 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tuiwatch.wire.discovery import LiveRun, resolve_target
+    from tuiwatch.wire.discovery import LiveJob, LiveRun, resolve_target
     from tuiwatch.wire.protocol import connect
 
     found = resolve_target(args.target)
     if isinstance(found, list):
-        names = ", ".join(f"{r.name} (pid {r.pid})" for r in found)
+        names = ", ".join(f"{r.name} ({_pids(r)})" for r in found)
         raise TuiwatchError(f"several live runs match: {names}; name one")
+    if isinstance(found, LiveJob):
+        # One ssh carrying every local rank, labelled, is the multi-host part of issue 19: not built yet.
+        raise TuiwatchError(
+            f"{found.name} is a job of {len(found.ranks)} ranks here ({_pids(found)}): relay one rank by its pid"
+        )
     assert isinstance(found, LiveRun)
     try:
         sock = connect(found.socket, timeout=5.0)
@@ -59,6 +64,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         selector.close()
         sock.close()
+
+
+def _pids(found: Any) -> str:
+    ranks = getattr(found, "ranks", None)
+    if ranks is None:
+        return f"pid {found.pid}"
+    return "pids " + ", ".join(f"{r.pid} (rank {r.rank})" for r in ranks)
 
 
 def _write_all(fd: int, data: bytes) -> None:

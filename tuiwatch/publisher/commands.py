@@ -68,7 +68,7 @@ class CommandRunner:
         while True:
             self.queue.wake.clear()
             stop = False
-            for queued in self.queue.take():
+            for queued in self.queue.take(tracker.step):
                 reply = self._run(queued.command)
                 tracker.pipeline.put(reply)
                 for cmd_id in queued.also:

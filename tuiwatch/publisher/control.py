@@ -3,7 +3,9 @@
 The only moment model, optimizer and data are consistent is a step boundary,
 so the publisher thread only queues a command and wakes the training thread
 (which may be paused); the training thread runs every queued command, in
-order, at its next boundary. Each id runs once: a repeated id is refused.
+order, at its next boundary (or, for a command with ``at``, at the first
+boundary with that many steps done). Each id runs once: a repeated id is
+refused.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class CommandQueue:
             waiting = sum(1 + len(q.also) for q in self._items)  # ids, the joined ones included
             if waiting >= MAX_QUEUED:
                 return f"busy: {waiting} commands already wait for the next step boundary; send it again later"
-            same = next((q for q in self._items if q.command.cmd == command.cmd), None)
+            same = next((q for q in self._items if q.command.cmd == command.cmd and q.command.at == command.at), None)
             if same is not None:
                 # Twice the same at one boundary is once: two dumps would write the same batch twice.
                 same.also.append(command.id)
@@ -65,9 +67,15 @@ class CommandQueue:
     def __bool__(self) -> bool:
         return bool(self._items)
 
-    def take(self) -> list[Queued]:
-        """Every queued command, oldest first (training thread); nothing joins them once taken."""
+    def take(self, steps_done: int) -> list[Queued]:
+        """The queued commands due with ``steps_done`` steps done, oldest first (training thread); nothing
+        joins them once taken."""
         with self._lock:
-            taken = list(self._items)
-            self._items.clear()
+            if all(q.command.at is None or q.command.at <= steps_done for q in self._items):
+                taken = list(self._items)
+                self._items.clear()
+                return taken
+            taken = [q for q in self._items if q.command.at is None or q.command.at <= steps_done]
+            for q in taken:
+                self._items.remove(q)
         return taken

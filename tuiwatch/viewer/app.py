@@ -13,9 +13,11 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.notifications import SeverityLevel
 from textual.widgets import Footer
 
 from tuiwatch.analysis.format import safe
+from tuiwatch.ledger.records import Record
 from tuiwatch.viewer import DEFAULT_FPS
 from tuiwatch.viewer.messages import (
     RecordsReceived,
@@ -29,15 +31,20 @@ from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import WINDOWS, Pane, window_label
 from tuiwatch.viewer.panes.header import HeaderBar
 from tuiwatch.viewer.panes.memory import MemoryPane
+from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
+from tuiwatch.viewer.ranks import RanksState
 from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
 from tuiwatch.viewer.screens.help import QUIT, HelpScreen
-from tuiwatch.viewer.sources import Source
+from tuiwatch.viewer.sources import RanksSource, Source
 from tuiwatch.viewer.state import ENDED, RunState, describe_action
 from tuiwatch.viewer.views import build_views
 
 COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiwatch.tcss)
+# With a ranks pane the memory pane needs this many rows more; a shorter terminal leaves it out (each rank's
+# memory is in the ranks pane).
+MEMORY_WITH_RANKS_ROWS = 34
 READ_ONLY = "replay is read-only: commands need a live run (tuiwatch attach)"
 COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
 
@@ -82,6 +89,9 @@ class TuiwatchApp(App[None]):
         self._ids = itertools.count(secrets.randbits(40) + 1)
         self._commands_enabled: bool | None = None
         self.mode = "live" if source.live else "replay"
+        # A job of several ranks: every rank folded beside the lead rank's RunState (the ranks pane).
+        self.ranks = RanksState(source.ranks, source.world_size) if isinstance(source, RanksSource) else None
+        self._fresh_ranks: set[int] = set()  # ranks (re)connected whose first records have not come yet
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""
@@ -95,6 +105,7 @@ class TuiwatchApp(App[None]):
             with Vertical(id="side"):
                 yield TimingPane()
                 yield MemoryPane()
+                yield RanksPane()
                 yield AlertsPane()
         yield Footer()
 
@@ -107,6 +118,8 @@ class TuiwatchApp(App[None]):
         except NoMatches:
             return
         body.set_class(self.size.height < COMPACT_BELOW_ROWS, "compact")
+        body.set_class(self.ranks is not None, "ranks")
+        body.set_class(self.ranks is not None and self.size.height < MEMORY_WITH_RANKS_ROWS, "no-memory")
 
     def on_mount(self) -> None:
         self._fit_layout()
@@ -121,6 +134,9 @@ class TuiwatchApp(App[None]):
     # --- records in ----------------------------------------------------------------
 
     def on_records_received(self, message: RecordsReceived) -> None:
+        if self.ranks is not None and message.rank is not None:
+            self._rank_records(message.rank, message.records)
+            return
         if self._new_connection:
             # Every connection replays the run from its first record: start clean,
             # so nothing is counted twice across a reconnect. Only once records
@@ -130,14 +146,47 @@ class TuiwatchApp(App[None]):
             self._new_connection = False
         self.state.apply_all(message.records)
         self._changed()
+        self._tell_answers()
+
+    def _rank_records(self, rank: int, records: list[Record]) -> None:
+        assert self.ranks is not None
+        if rank in self._fresh_ranks:
+            self._fresh_ranks.discard(rank)
+            self.ranks.connected(rank)
+            if rank == self.ranks.lead:
+                # The lead rank's stream starts over: the run's state too, with the other ranks' alerts kept.
+                self.state = RunState(pending=self.state.pending)
+                self.state.apply_all(self.ranks.kept_alerts())
+        self.state.apply_all(self.ranks.apply(rank, records, self.clock()))
+        self._changed()
+        self._tell_answers()
+
+    def _tell_answers(self) -> None:
         for r in self.state.take_answered():
             text = describe_action(r, str(r.get("action")))
-            self.notify(safe(text), severity="information" if r.get("ok") else "error", markup=False)
+            severity: SeverityLevel = "error" if not r.get("ok") else "warning" if r.get("apart") else "information"
+            self.notify(safe(text), severity=severity, markup=False)
 
     def on_source_connected(self, message: SourceConnected) -> None:
+        if self.ranks is not None and message.rank is not None:
+            self._fresh_ranks.add(message.rank)  # its row starts over when its first records come
+            self.ranks.ranks[message.rank].connected = True
+            return
         self._new_connection = True
 
     def on_source_disconnected(self, message: SourceDisconnected) -> None:
+        if self.ranks is not None and message.rank is not None:
+            rank = self.ranks.ranks[message.rank]
+            ended = rank.end_reason is not None
+            self.state.apply_all(self.ranks.disconnected(message.rank))
+            self._tell_answers()
+            if message.rank == self.ranks.lead:
+                self.state.disconnected()
+            self._changed()
+            if not ended:
+                self.notify(safe(f"rank {message.rank}: {message.reason}"), title="disconnected", severity="warning",
+                            markup=False)  # fmt: skip
+            return
         was = self.state.status
         self.state.disconnected()
         self._changed()
@@ -183,13 +232,20 @@ class TuiwatchApp(App[None]):
         self._dirty = False
         self._last_draw = now
         views = build_views(
-            self.state, window=WINDOWS[self.window_index], now=now, mode=self.mode, loading=self.loading
+            self.state,
+            window=WINDOWS[self.window_index],
+            now=now,
+            mode=self.mode,
+            loading=self.loading,
+            ranks=self.ranks,
         )
         header.view = views.header
         self.query_one(TrainingPane).view = views.training
         self.query_one(TimingPane).view = views.timing
         self.query_one(MemoryPane).view = views.memory
         self.query_one(AlertsPane).view = views.alerts
+        if views.ranks is not None:
+            self.query_one(RanksPane).view = views.ranks
         available = self._commands_available()
         if available != self._commands_enabled:
             self._commands_enabled = available
@@ -202,11 +258,28 @@ class TuiwatchApp(App[None]):
             self.notify(READ_ONLY, severity="warning", markup=False)
             return
         cmd_id = next(self._ids)
+        if isinstance(self.source, RanksSource) and self.ranks is not None:
+            self._send_to_ranks(self.source, self.ranks, cmd, cmd_id)
+            return
         if not self.source.send(cmd, cmd_id):
             self.notify(f"{cmd}: not sent, the run is not connected", severity="error", markup=False)
             return
         self.state.command_sent(cmd_id, cmd)
         self.notify(f"{cmd} sent", markup=False)
+        self._dirty = True
+
+    def _send_to_ranks(self, source: RanksSource, ranks: RanksState, cmd: str, cmd_id: int) -> None:
+        """Every live rank runs the command at one step: just ahead of the furthest rank. A paused job is
+        resumed, checkpointed or stopped where it stands (every rank paused at one step)."""
+        at = None if self.state.status == "paused" or cmd == "resume" else ranks.command_step()
+        took = [r for r in ranks.live_ranks() if source.send_to(r, cmd, cmd_id, at)]
+        if not took:
+            self.notify(f"{cmd}: not sent, no rank is connected", severity="error", markup=False)
+            return
+        ranks.sent(cmd_id, cmd, took)
+        where = f"after step {at - 1}" if at is not None else "now"
+        self.state.command_sent(cmd_id, cmd, f"{cmd} sent to {len(took)} of {ranks.world_size} ranks, {where}")
+        self.notify(f"{cmd} sent to {len(took)} ranks", markup=False)
         self._dirty = True
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

@@ -1,4 +1,8 @@
-"""The few messages a source posts to the app (thread-safe through ``post_message``)."""
+"""The few messages a source posts to the app (thread-safe through ``post_message``).
+
+``rank`` is set by a :class:`~tuiwatch.viewer.sources.RanksSource` on what each of its ranks' sources posts:
+which rank of a job the message is about (None: a run of one process).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ class RecordsReceived(Message):
     def __init__(self, records: list[Record]) -> None:
         super().__init__()
         self.records = records
+        self.rank: int | None = None
 
 
 class SourceConnected(Message):
@@ -21,12 +26,14 @@ class SourceConnected(Message):
     def __init__(self, label: str) -> None:
         super().__init__()
         self.label = label
+        self.rank: int | None = None
 
 
 class SourceDisconnected(Message):
     def __init__(self, reason: str) -> None:
         super().__init__()
         self.reason = reason
+        self.rank: int | None = None
 
 
 class SourceEnded(Message):

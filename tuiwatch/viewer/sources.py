@@ -46,7 +46,7 @@ class Source(Protocol):
     live: bool  # commands can be sent
 
     def start(self, post: Post) -> None: ...
-    def send(self, cmd: str, cmd_id: int) -> bool: ...
+    def send(self, cmd: str, cmd_id: int, at: int | None = None) -> bool: ...
     def stop(self) -> None: ...
 
 
@@ -174,13 +174,13 @@ class SocketSource:
             batcher.flush(force=True)
         return "stopped"
 
-    def send(self, cmd: str, cmd_id: int) -> bool:
+    def send(self, cmd: str, cmd_id: int, at: int | None = None) -> bool:
         with self._lock:
             sock = self._sock
             if sock is None:
                 return False
             try:
-                sock.sendall(command_line(cmd, cmd_id))
+                sock.sendall(command_line(cmd, cmd_id, at))
             except OSError:
                 return False
         return True
@@ -191,6 +191,57 @@ class SocketSource:
             if self._sock is not None:
                 with contextlib.suppress(OSError):
                     self._sock.shutdown(socket.SHUT_RDWR)
+
+
+class RanksSource:
+    """The ranks of one job on this host: a :class:`SocketSource` per rank, each message tagged with its rank.
+
+    Each rank reconnects on its own (a restarted rank is found by its name and rank); one rank that goes
+    away or stalls never holds up the others' records.
+    """
+
+    live = True
+
+    def __init__(self, sockets: dict[int, Path], name: str, world_size: int, find: FindRank | None = None):
+        self.name = name
+        self.world_size = world_size
+        self.label = f"{name}: {len(sockets)} of {world_size} ranks"
+        self.sources = {rank: SocketSource(path, name, _finder(find, rank)) for rank, path in sorted(sockets.items())}
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.sources)
+
+    def start(self, post: Post) -> None:
+        for rank, source in self.sources.items():
+            source.start(_tagging(post, rank))
+
+    def send(self, cmd: str, cmd_id: int, at: int | None = None) -> bool:
+        """Send to every rank (one id: each rank is its own process); whether every connected rank took it."""
+        sent = [source.send(cmd, cmd_id, at) for source in self.sources.values()]
+        return any(sent)
+
+    def send_to(self, rank: int, cmd: str, cmd_id: int, at: int | None = None) -> bool:
+        return self.sources[rank].send(cmd, cmd_id, at)
+
+    def stop(self) -> None:
+        for source in self.sources.values():
+            source.stop()
+
+
+FindRank = Callable[[str, int], Path | None]
+
+
+def _finder(find: FindRank | None, rank: int) -> Callable[[str], Path | None] | None:
+    return None if find is None else lambda name: find(name, rank)
+
+
+def _tagging(post: Post, rank: int) -> Post:
+    def tagged(message: Message) -> object:
+        message.rank = rank  # type: ignore[attr-defined]
+        return post(message)
+
+    return tagged
 
 
 class TcpSource(SocketSource):
@@ -267,7 +318,7 @@ class FileSource:
             return
         post(SourceEnded())
 
-    def send(self, cmd: str, cmd_id: int) -> bool:
+    def send(self, cmd: str, cmd_id: int, at: int | None = None) -> bool:
         return False
 
     def stop(self) -> None:
@@ -316,13 +367,13 @@ class CommandSource:
             reason = err[-1]
         post(SourceDisconnected(reason))
 
-    def send(self, cmd: str, cmd_id: int) -> bool:
+    def send(self, cmd: str, cmd_id: int, at: int | None = None) -> bool:
         proc = self._proc
         if proc is None or proc.stdin is None:
             return False
         with self._lock:
             try:
-                proc.stdin.write(command_line(cmd, cmd_id))
+                proc.stdin.write(command_line(cmd, cmd_id, at))
                 proc.stdin.flush()
             except OSError:
                 return False

@@ -37,10 +37,28 @@ class Alert:
     t: float = 0.0
     dump: str = ""  # the dump directory the alert's evidence names
     samples: tuple[int, ...] = ()  # the ids of the batch's samples that hold NaN/inf, when the run found them
+    rank: int | None = None  # the rank that saw it, in a job of several
 
 
 def describe_action(r: Record, action: str) -> str:
     """The line a command's reply is shown as (alert pane and notification)."""
+    rank_steps = r.get("rank_steps")
+    if isinstance(rank_steps, dict) and r.get("ok") is True:
+        # First, where a long path would cut it off: whether every rank acted, and at one step.
+        return _where(rank_steps) + _describe_one(r, action)
+    return _describe_one(r, action)
+
+
+def _where(rank_steps: dict[str, object]) -> str:
+    """Where a command sent to every rank ran: one step for all, or each rank's."""
+    steps = set(rank_steps.values())
+    if len(steps) == 1:
+        return f"{len(rank_steps)} ranks after step {steps.pop()}: "
+    each = ", ".join(f"rank {k} after step {v}" for k, v in rank_steps.items())
+    return f"{len(rank_steps)} ranks NOT at one step ({each}): "
+
+
+def _describe_one(r: Record, action: str) -> str:
     if r.get("ok") is not True:
         return f"{action} failed: {r.get('error') or 'no reason given'}"
     path, done = r.get("path"), integer(r.get("steps_done"))
@@ -153,6 +171,7 @@ class RunState:
                 t=num(r.get("t")) or 0.0,
                 dump=str(evidence.get("dump") or "") if isinstance(evidence, dict) else "",
                 samples=_ids(evidence.get("nonfinite_sample_ids")) if isinstance(evidence, dict) else (),
+                rank=integer(r.get("rank")),
             )
         )
 
@@ -176,9 +195,8 @@ class RunState:
             self.answered.append(r)
         action = str(r.get("action") or sent or "command")
         ok = r.get("ok") is True
-        self.alerts.appendleft(
-            Alert("info" if ok else "warning", integer(r.get("step")), "command", describe_action(r, action))
-        )
+        severity = "info" if ok and r.get("apart") is not True else "warning"
+        self.alerts.appendleft(Alert(severity, integer(r.get("step")), "command", describe_action(r, action)))
         if ok and action == "pause":
             self.status = "paused"
         elif ok and action == "resume":
@@ -195,9 +213,10 @@ class RunState:
         if self.status not in ENDED:
             self.status = "disconnected"
 
-    def command_sent(self, cmd_id: int, cmd: str) -> None:
+    def command_sent(self, cmd_id: int, cmd: str, said: str | None = None) -> None:
         self.pending[cmd_id] = cmd
-        self.alerts.appendleft(Alert("info", self.step, "command", f"{cmd} sent, waiting for the next step boundary"))
+        said = said or f"{cmd} sent, waiting for the next step boundary"
+        self.alerts.appendleft(Alert("info", self.step, "command", said))
 
     def take_answered(self) -> list[Record]:
         """The replies to this viewer's commands that arrived since the last call."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from tuiwatch.ledger.fields import finite, integer, num
 from tuiwatch.ledger.records import Record
+from tuiwatch.viewer.ranks import RanksState
 from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.state import Alert, RunState
 
@@ -130,16 +131,47 @@ class AlertsView:
 
 
 @dataclass(frozen=True)
+class RankRow:
+    rank: int
+    host: str | None
+    step: int | None
+    step_s: float | None  # medians over the rank's last steps
+    data_wait_s: float | None
+    backward_s: float | None  # under DDP it holds the wait at the gradient sync
+    memory: float | None
+    status: str  # live, stale, gone, paused, connecting, finished, stopped, failed
+    waited_for: bool  # the straggler rule names it: the others wait for it
+    slowest: bool
+
+
+@dataclass(frozen=True)
+class RanksView:
+    world_size: int
+    rows: tuple[RankRow, ...]  # every rank of a small job; of a large one, those worth a look
+    summary: str | None  # a large job: counts by status and the spread of steps, instead of a row per rank
+
+
+MAX_RANK_ROWS = 8  # more ranks than this are summarised: a 64-rank job is not 64 rows in a side pane
+
+
+@dataclass(frozen=True)
 class Views:
     header: HeaderView
     training: TrainingView
     timing: TimingView
     memory: MemoryView
     alerts: AlertsView
+    ranks: RanksView | None = None
 
 
 def build_views(
-    state: RunState, *, window: int | None, now: float | None, mode: str, loading: int | None = None
+    state: RunState,
+    *,
+    window: int | None,
+    now: float | None,
+    mode: str,
+    loading: int | None = None,
+    ranks: RanksState | None = None,
 ) -> Views:
     return Views(
         header_view(state, now, mode, loading),
@@ -147,7 +179,48 @@ def build_views(
         timing_view(state, window),
         memory_view(state, window),
         AlertsView(tuple(state.alerts)),
+        ranks_view(ranks, now or 0.0) if ranks is not None else None,
     )
+
+
+def ranks_view(ranks: RanksState, now: float) -> RanksView:
+    """Each rank's row; a job of more than MAX_RANK_ROWS ranks gets a summary and the rows worth a look (not
+    live, the one the others wait for, the slowest and the fastest)."""
+    medians = {r: s.median("step_s") for r, s in ranks.ranks.items()}
+    timed = [m for m in medians.values() if m is not None]
+    typical = sorted(timed)[len(timed) // 2] if timed else None
+    slowest = max((r for r in medians if medians[r] is not None), key=lambda r: medians[r] or 0.0, default=None)
+    # "Slowest" only where it stands out: under DDP every rank's step takes the same time.
+    if slowest is not None and typical is not None and (medians[slowest] or 0.0) <= 1.05 * typical:
+        slowest = None
+    rows = [
+        RankRow(
+            rank,
+            s.host,
+            s.step,
+            medians[rank],
+            s.median("data_wait_s"),
+            s.median("backward_s"),
+            s.memory,
+            s.status(now),
+            rank == ranks.waited_for,
+            rank == slowest,
+        )
+        for rank, s in ranks.ranks.items()
+    ]
+    if len(rows) <= MAX_RANK_ROWS:
+        return RanksView(ranks.world_size, tuple(rows), None)
+    fastest = min((r for r in medians if medians[r] is not None), key=lambda r: medians[r] or 0.0, default=None)
+    picked = [r for r in rows if r.status != "live" or r.waited_for or r.slowest]
+    picked += [r for r in rows if r.rank == fastest and r not in picked]
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.status] = counts.get(row.status, 0) + 1
+    steps = [r.step for r in rows if r.step is not None]
+    spread = f"; steps {min(steps)}–{max(steps)}" if steps else ""
+    timing = f"; median step {typical * 1000:.1f} ms" if typical is not None else ""
+    summary = f"{len(rows)} ranks: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + spread + timing
+    return RanksView(ranks.world_size, tuple(picked[: MAX_RANK_ROWS - 1]), summary)
 
 
 def header_view(state: RunState, now: float | None, mode: str, loading: int | None = None) -> HeaderView:

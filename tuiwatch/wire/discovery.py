@@ -34,6 +34,57 @@ class LiveRun:
     status: str
     run_id: str | None
     ledger: str | None
+    rank: int | None = None  # of a job of several processes (torchrun); None for a run of one
+    world_size: int | None = None
+
+
+@dataclass
+class LiveJob:
+    """The live ranks of one job (one ``run_id``, ``world_size`` above 1) on one host: one run to the user."""
+
+    name: str
+    run_id: str
+    world_size: int
+    ranks: list[LiveRun]  # by rank; those that listen here (a job on several hosts has the others elsewhere)
+
+    @property
+    def step(self) -> int | None:
+        """The slowest rank's last step: how far the job as a whole has gone."""
+        steps = [r.step for r in self.ranks if r.step is not None]
+        return min(steps) if steps else None
+
+    @property
+    def status(self) -> str:
+        statuses = {r.status for r in self.ranks}
+        return statuses.pop() if len(statuses) == 1 else "mixed: " + ", ".join(sorted(statuses))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def group_jobs(runs: list[LiveRun]) -> list[LiveRun | LiveJob]:
+    """The runs as the user thinks of them: the ranks of one job as one :class:`LiveJob`, in first-seen order.
+
+    Ranks are grouped by ``run_id`` (and name: two jobs given the same ``run_id`` by hand stay apart); a
+    rank listed twice (a restarted rank beside its stale socket) counts once, the newest pid.
+    """
+    grouped: list[LiveRun | LiveJob] = []
+    jobs: dict[tuple[str, str], LiveJob] = {}
+    for run in runs:
+        if run.run_id is None or run.rank is None or not run.world_size or run.world_size < 2:
+            grouped.append(run)
+            continue
+        key = (run.name, run.run_id)
+        job = jobs.get(key)
+        if job is None:
+            job = jobs[key] = LiveJob(run.name, run.run_id, run.world_size, [])
+            grouped.append(job)
+        same = next((r for r in job.ranks if r.rank == run.rank), None)
+        if same is not None and same.pid > run.pid:
+            continue
+        job.ranks = sorted([r for r in job.ranks if r.rank != run.rank] + [run], key=lambda r: r.rank or 0)
+    return grouped
 
 
 def _first_record(path: Path, timeout: float) -> Record | None:
@@ -91,6 +142,8 @@ def list_live_runs(directory: Path | None = None, timeout: float = 1.0) -> list[
                 status=status,
                 run_id=run.get("run_id"),
                 ledger=ledger,
+                rank=_int_or_none(run.get("rank")),
+                world_size=_int_or_none(run.get("world_size")),
             )
         )
     return runs
@@ -100,8 +153,9 @@ def as_dicts(runs: list[LiveRun]) -> list[dict[str, Any]]:
     return [asdict(r) for r in runs]
 
 
-def resolve_target(target: str | None, directory: Path | None = None) -> LiveRun | list[LiveRun]:
-    """The live run that ``target`` names (name, pid or socket path), or every candidate when ambiguous.
+def resolve_target(target: str | None, directory: Path | None = None) -> LiveRun | LiveJob | list[LiveRun | LiveJob]:
+    """The live run or job that ``target`` names (name, pid, run id or socket path), or every candidate when
+    ambiguous. A name or run id that names the ranks of one job names the job; a pid names that rank alone.
 
     Raises TuiwatchError with a one-line hint when nothing matches.
     """
@@ -118,19 +172,22 @@ def resolve_target(target: str | None, directory: Path | None = None) -> LiveRun
     runs = list_live_runs(directory)
     if not runs:
         raise TuiwatchError("no live runs on this host: start one (tuiwatch demo --no-viewer) or replay a ledger")
+    grouped = group_jobs(runs)
     if target is None:
-        return runs[0] if len(runs) == 1 else runs
-    matches = [r for r in runs if r.name == target or str(r.pid) == target]
+        return grouped[0] if len(grouped) == 1 else grouped
+    matches: list[LiveRun | LiveJob] = [r for r in runs if str(r.pid) == target]
+    matches = matches or [g for g in grouped if target in (g.name, g.run_id)]
     if not matches:
         names = ", ".join(f"{r.name} (pid {r.pid})" for r in runs)
         raise TuiwatchError(f"no live run named {target!r}; live runs: {names}")
     return matches[0] if len(matches) == 1 else matches
 
 
-def find_socket_by_name(name: str, directory: Path | None = None) -> Path | None:
-    """The socket of the newest live run called ``name`` (for reconnecting after a restart)."""
+def find_socket_by_name(name: str, directory: Path | None = None, rank: int | None = None) -> Path | None:
+    """The socket of the newest live run called ``name`` (of that ``rank``, for a job's rank), for reconnecting
+    after a restart."""
     try:
-        runs = [r for r in list_live_runs(directory, timeout=0.5) if r.name == name]
+        runs = [r for r in list_live_runs(directory, timeout=0.5) if r.name == name and rank in (None, r.rank)]
     except Exception:
         return None
     return Path(max(runs, key=lambda r: r.pid).socket) if runs else None
@@ -204,6 +261,8 @@ def list_remote_runs(remote: Remote) -> list[LiveRun]:
                 str(r.get("status", "?")),
                 r.get("run_id"),
                 r.get("ledger"),
+                _int_or_none(r.get("rank")),
+                _int_or_none(r.get("world_size")),
             )
             for r in rows
         ]

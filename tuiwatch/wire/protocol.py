@@ -15,8 +15,11 @@ for. Without a ledger file the history is a bounded in-memory tail, sent after
 the ``run`` record.
 
 Viewer → server: JSON Lines ``{"cmd": C, "id": N}`` with C one of
-:data:`COMMANDS` and N an integer chosen by the viewer. Every command gets one
-``action`` record in reply, carrying the same ``id``. A line longer than
+:data:`COMMANDS` and N an integer chosen by the viewer, and optionally
+``"at": S``: run it at the first step boundary with S steps done (so that
+every rank of a job acts at the same step; a run already past S runs it at its
+next boundary). Every command gets one ``action`` record in reply, carrying
+the same ``id``. A line longer than
 :data:`MAX_LINE_BYTES` closes the connection after an error reply; a line
 that is not such an object gets an ``action`` reply with ``ok: false``.
 Nothing read from a socket is unpickled or evaluated: JSON only.
@@ -43,10 +46,14 @@ class ProtocolError(ValueError):
     """A line a peer sent that is not a valid command; the message is the reply's ``error``."""
 
 
+MAX_AT_STEP = 1 << 53  # beyond this a step number is not an integer JSON readers agree on
+
+
 @dataclass(frozen=True)
 class Command:
     cmd: str
     id: int
+    at: int | None = None  # steps done before it runs; None: at the next boundary
 
 
 def parse_command(line: bytes) -> Command:
@@ -64,11 +71,14 @@ def parse_command(line: bytes) -> Command:
         raise ProtocolError(f"unknown command {shown[:40]!r}: expected one of {', '.join(COMMANDS)}")
     if not isinstance(cmd_id, int) or isinstance(cmd_id, bool):
         raise ProtocolError("command needs an integer 'id'")
-    return Command(cmd=cmd, id=cmd_id)
+    at = obj.get("at")
+    if at is not None and (type(at) is not int or not 0 <= at <= MAX_AT_STEP):
+        raise ProtocolError("'at' must be a step count: an integer from 0")
+    return Command(cmd=cmd, id=cmd_id, at=at)
 
 
-def command_line(cmd: str, cmd_id: int) -> bytes:
-    return encode({"cmd": cmd, "id": cmd_id})
+def command_line(cmd: str, cmd_id: int, at: int | None = None) -> bytes:
+    return encode({"cmd": cmd, "id": cmd_id} if at is None else {"cmd": cmd, "id": cmd_id, "at": at})
 
 
 class LineSplitter:

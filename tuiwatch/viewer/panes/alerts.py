@@ -33,6 +33,8 @@ class AlertsPane(Pane):
             severity = alert.severity if alert.severity in ("critical", "warning", "info") else None
             line.append(f"{alert.severity[:4]:<4}", style=self.style_of(severity) if severity else "")
             line.append(f" {'-' if alert.step is None else alert.step:>6} ", style=dim)
+            if alert.rank is not None:
+                line.append(f"r{alert.rank} ", style=self.style_of("rule"))
             message = alert.message
             if alert.rule and alert.rule != "command":
                 line.append(f"{safe(alert.rule, 24)}: ", style=self.style_of("rule"))

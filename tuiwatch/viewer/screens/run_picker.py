@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -9,13 +11,19 @@ from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tuiwatch.analysis.format import safe
-from tuiwatch.wire.discovery import LiveRun
+from tuiwatch.wire.discovery import LiveJob, LiveRun
 
 
-class RunPicker(App[LiveRun | None]):
+def _who(run: LiveRun | LiveJob) -> str:
+    if isinstance(run, LiveJob):
+        return f"{len(run.ranks)}/{run.world_size} ranks"
+    return f"pid {run.pid}"
+
+
+class RunPicker(App[LiveRun | LiveJob | None]):
     BINDINGS = [Binding("q,escape", "cancel", "quit")]
 
-    def __init__(self, runs: list[LiveRun]):
+    def __init__(self, runs: Sequence[LiveRun | LiveJob]):
         super().__init__()
         self.runs = runs
 
@@ -26,7 +34,7 @@ class RunPicker(App[LiveRun | None]):
                 Option(
                     # Rich Text, not a str: a name like "[reverse]x" is shown as written, never parsed as markup.
                     Text(
-                        f"{safe(r.name, 40):<24} pid {r.pid:<8} step {'-' if r.step is None else r.step:<8} "
+                        f"{safe(r.name, 40):<24} {_who(r):<12} step {'-' if r.step is None else r.step:<8} "
                         f"{safe(r.status, 20)}"
                     ),
                     id=str(i),
@@ -43,5 +51,5 @@ class RunPicker(App[LiveRun | None]):
         self.exit(None)
 
 
-def pick_run(runs: list[LiveRun]) -> LiveRun | None:
+def pick_run(runs: Sequence[LiveRun | LiveJob]) -> LiveRun | LiveJob | None:
     return RunPicker(runs).run()

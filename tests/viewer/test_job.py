@@ -1,0 +1,109 @@
+"""A real torchrun job (gloo, 2 CPU ranks) seen as one run: one row in ``ls``, both ranks in the viewer, and
+``c`` and ``s`` acting on every rank at one step."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuiwatch.ledger.ranks import rank_ledgers
+from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.viewer.panes.ranks import RanksPane
+from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
+from tuiwatch.viewer.sources import RanksSource
+from tuiwatch.wire.discovery import LiveJob, group_jobs, list_live_runs
+
+from ..helpers import SCRIPTS, STARTED, env_for, wait_until
+from ..viewer_helpers import RecordingApp, drawn, plain, until
+
+pytestmark = pytest.mark.integration
+
+
+def start_job(run_root: Path, socket_dir: Path) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(SCRIPTS / "ddp_train.py")]
+    args = ["--run-dir", str(run_root), "--epochs", "1000", "--step-sleep", "0.01"]
+    proc = subprocess.Popen(
+        [*cmd, *args], env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    STARTED.append(proc)
+    return proc
+
+
+def live_job(socket_dir: Path) -> LiveJob | None:
+    found = group_jobs(list_live_runs(socket_dir))
+    job = found[0] if len(found) == 1 else None
+    return job if isinstance(job, LiveJob) and len(job.ranks) == 2 else None
+
+
+async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_every_rank_at_one_step(
+    tmp_path: Path, socket_dir: Path
+):
+    proc = start_job(tmp_path / "runs", socket_dir)
+    job = wait_until(lambda: live_job(socket_dir), timeout=60, what="both ranks listening")
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "tuiwatch", "ls"], env=env_for(socket_dir), capture_output=True, text=True, timeout=60
+    )
+    rows = listed.stdout.splitlines()
+    assert len(rows) == 2, listed.stdout  # the header and ONE row for the job
+    assert rows[1].split()[0] == "ddp"
+    assert "ranks 2/2" in rows[1]
+    assert ",".join(str(r.pid) for r in job.ranks) in rows[1]
+
+    source = RanksSource({r.rank or 0: Path(r.socket) for r in job.ranks}, job.name, job.world_size)
+    app = RecordingApp(source)
+    async with app.run_test(size=(140, 40)) as pilot:
+        ranks = app.ranks
+        assert ranks is not None
+        await until(pilot, lambda: all((s.step or 0) > 5 for s in ranks.ranks.values()), 60, "both ranks' steps")
+        await drawn(pilot)
+        pane = plain(app.query_one(RanksPane)).splitlines()
+        # 140 columns: the side column has room for these; a wider terminal adds memory and host.
+        assert pane[0].split() == ["rank", "status", "step", "time", "wait", "bwd+sync"]
+        assert [line.split()[:2] for line in pane[1:3]] == [["0", "live"], ["1", "live"]]
+
+        await pilot.press("c")
+        await until(pilot, lambda: any("checkpoint written" in n for n in app.notes), 60, "the checkpoints")
+        (said,) = [n for n in app.notes if "checkpoint written" in n]
+        assert said.startswith("2 ranks after step ")
+        await pilot.press("p")
+        await until(pilot, lambda: all(s.paused for s in ranks.ranks.values()), 60, "both ranks paused")
+        (paused,) = [n for n in app.notes if "paused after step" in n]
+        assert paused.startswith("2 ranks after step ")
+        assert app.state.status == "paused"
+        held = [s.step or 0 for s in ranks.ranks.values()]
+        await pilot.press("p")  # resume: both go on
+        await until(pilot, lambda: app.state.status == "live", 60, "the job resumed")
+        await until(
+            pilot, lambda: all((s.step or 0) > h + 2 for s, h in zip(ranks.ranks.values(), held, strict=True)), 60
+        )
+        await pilot.press("s")
+        assert isinstance(app.screen, ConfirmStop)
+        await pilot.press("y")
+        await until(
+            pilot, lambda: any("ranks after step" in n and "stop requested" in n for n in app.notes), 60, "the stop"
+        )
+        await until(pilot, lambda: all(s.end_reason for s in ranks.ranks.values()), 60, "both ranks to end")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+
+    (job_dir,) = (tmp_path / "runs").iterdir()
+    ledgers = rank_ledgers(job_dir)
+    actions = {rank: [r for r in read_ledger(path) if r["kind"] == "action"] for rank, path in ledgers.items()}
+    # Each rank ran the checkpoint and the stop after the same step as the other.
+    checkpoint = {rank: next(a for a in acts if a["action"] == "checkpoint") for rank, acts in actions.items()}
+    stop = {rank: next(a for a in acts if a["action"] == "stop") for rank, acts in actions.items()}
+    pause = {rank: next(a for a in acts if a["action"] == "pause") for rank, acts in actions.items()}
+    assert checkpoint[0]["step"] == checkpoint[1]["step"]
+    assert pause[0]["step"] == pause[1]["step"]
+    assert stop[0]["step"] == stop[1]["step"]
+    for rank in (0, 1):
+        assert Path(checkpoint[rank]["path"]).is_file()
+        assert f"rank{rank}" in checkpoint[rank]["path"]
+    ends = {rank: [r for r in read_ledger(path) if r["kind"] == "end"] for rank, path in ledgers.items()}
+    assert [e["reason"] for e in ends[0] + ends[1]] == ["stopped", "stopped"]
+    steps = {rank: [r["step"] for r in read_ledger(path) if r["kind"] == "step"] for rank, path in ledgers.items()}
+    assert steps[0][-1] == steps[1][-1]

@@ -1,0 +1,177 @@
+"""The viewer's fold of a multi-rank job, from small hand-made streams: what the main state takes, each rank's
+row and status, the straggler the rule names, and one answer for a command sent to every rank."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tuiwatch.ledger.records import Record
+from tuiwatch.viewer.ranks import STALE_S, RanksState
+from tuiwatch.viewer.state import RunState, describe_action
+from tuiwatch.viewer.views import MAX_RANK_ROWS, ranks_view
+from tuiwatch.wire.discovery import LiveJob, LiveRun, group_jobs
+from tuiwatch.wire.protocol import Command, ProtocolError, command_line, parse_command
+
+
+def step(n: int, wait: float = 0.001, forward: float = 0.002, backward: float = 0.004, **extra: Any) -> dict[str, Any]:
+    compute = forward + backward + 0.001
+    return {
+        "kind": "step",
+        "step": n,
+        "data_wait_s": wait,
+        "compute_s": compute,
+        "forward_s": forward,
+        "backward_s": backward,
+        "optimizer_s": 0.001,
+        "loss": 1.0 / (n + 1),
+        **extra,
+    }
+
+
+def run(rank: int) -> dict[str, Any]:
+    return {"kind": "run", "name": "ddp", "run_id": "job-1", "rank": rank, "world_size": 2, "host": f"h{rank}"}
+
+
+def test_the_main_state_takes_the_lead_ranks_records_and_every_ranks_alerts():
+    ranks = RanksState([0, 1], 2)
+    alert = {"kind": "alert", "rule": "nonfinite", "severity": "critical", "step": 3, "message": "loss is nan"}
+    main = ranks.apply(0, [run(0), step(0), step(1)], now=10.0)
+    main += ranks.apply(1, [run(1), step(0), step(1), step(2), alert], now=10.0)
+    assert [r["kind"] for r in main] == ["run", "step", "step", "alert"]
+    assert main[-1]["rank"] == 1
+    state = RunState()
+    state.apply_all(main)
+    assert state.step == 1  # the lead rank's
+    assert [(a.rank, a.rule, a.step) for a in state.alerts] == [(1, "nonfinite", 3)]
+    assert [(s.rank, s.host, s.step) for s in ranks.ranks.values()] == [(0, "h0", 1), (1, "h1", 2)]
+    # Kept to show again when the lead rank's stream starts over: not the lead's own (its replay brings them).
+    assert [a["rule"] for a in ranks.kept_alerts()] == ["nonfinite"]
+
+
+def test_a_rank_is_live_then_stale_then_gone_and_an_ended_rank_says_how():
+    ranks = RanksState([0, 1], 2)
+    for rank in (0, 1):
+        ranks.connected(rank)
+        ranks.apply(rank, [run(rank), step(0)], now=100.0)
+    rows = ranks.ranks
+    assert rows[0].status(100.0 + STALE_S - 0.1) == "live"
+    assert rows[0].status(100.0 + STALE_S + 0.1) == "stale"
+    ranks.disconnected(0)
+    assert rows[0].status(101.0) == "gone"
+    ranks.apply(1, [{"kind": "end", "reason": "finished"}], now=101.0)
+    ranks.disconnected(1)
+    assert rows[1].status(500.0) == "finished"
+    # A rank whose steps take longer than STALE_S is stale only after three of them.
+    slow = RanksState([0], 1)
+    slow.connected(0)
+    slow.apply(0, [step(0, wait=0.0, forward=3.0, backward=6.0)], now=0.0)
+    assert slow.ranks[0].status(20.0) == "live"
+    assert slow.ranks[0].status(31.0) == "stale"
+
+
+def test_a_rank_with_a_slow_loader_is_named_as_the_one_the_others_wait_for():
+    ranks = RanksState([0, 1], 2)
+    main: list[Record] = []
+    for n in range(40):
+        # Rank 1 waits 20 ms for its data; rank 0 waits those 20 ms at the all-reduce, inside its backward.
+        main += ranks.apply(0, [step(n, wait=0.001, backward=0.024)], now=float(n))
+        main += ranks.apply(1, [step(n, wait=0.021, backward=0.004)], now=float(n))
+    (alert,) = [r for r in main if r["kind"] == "alert"]
+    assert alert["rule"] == "straggler"
+    assert alert["rank"] == 1
+    assert alert["evidence"]["cause"] == "input"
+    assert ranks.waited_for == 1
+    view = ranks_view(ranks, 40.0)
+    assert [(r.rank, r.waited_for) for r in view.rows] == [(0, False), (1, True)]
+    assert view.rows[1].data_wait_s == pytest.approx(0.021)
+    assert view.rows[0].backward_s == pytest.approx(0.024)
+    assert view.summary is None
+
+
+def test_a_large_job_is_summarised_with_the_ranks_worth_a_look():
+    n = 64
+    ranks = RanksState(range(n), n)
+    for rank in range(n):
+        ranks.connected(rank)
+        slow = 0.05 if rank == 17 else 0.01
+        ranks.apply(rank, [step(s, wait=slow) for s in range(10)], now=0.0)
+    ranks.disconnected(40)
+    view = ranks_view(ranks, 1.0)
+    assert len(view.rows) <= MAX_RANK_ROWS
+    shown = {r.rank: r for r in view.rows}
+    assert shown[40].status == "gone"
+    assert shown[17].slowest
+    assert view.summary is not None
+    assert view.summary.startswith("64 ranks: 1 gone, 63 live; steps 9–9; median step")
+
+
+def test_a_command_to_every_rank_is_answered_once_when_every_rank_has():
+    ranks = RanksState([0, 1], 2)
+    for rank in (0, 1):
+        ranks.connected(rank)
+        ranks.apply(rank, [run(rank), step(0), step(1)], now=1.0)
+    state = RunState()
+    state.command_sent(7, "checkpoint")
+    ranks.sent(7, "checkpoint", [0, 1])
+    reply = {"kind": "action", "id": 7, "action": "checkpoint", "ok": True, "step": 9, "steps_done": 10}
+    assert ranks.apply(0, [{**reply, "path": "/r/rank0/checkpoints/step-10.pt", "bytes": 2048}], now=2.0) == []
+    (combined,) = ranks.apply(1, [{**reply, "path": "/r/rank1/checkpoints/step-10.pt", "bytes": 2048}], now=2.0)
+    assert combined["ok"] is True
+    assert combined["rank_steps"] == {"0": 9, "1": 9}
+    state.apply(combined)
+    assert state.pending == {}
+    text = describe_action(state.take_answered()[0], "checkpoint")
+    assert text == "2 ranks after step 9: checkpoint written: /r/rank0/checkpoints/step-10.pt (2.0 KiB, step 10)"
+
+    # Not at one step, and a failure, are said as such.
+    ranks.sent(8, "dump", [0, 1])
+    ranks.apply(0, [{"kind": "action", "id": 8, "action": "dump", "ok": True, "step": 12, "path": "/d0"}], now=3.0)
+    (apart,) = ranks.apply(1, [{"kind": "action", "id": 8, "ok": True, "step": 13, "path": "/d1"}], now=3.0)
+    said = "2 ranks NOT at one step (rank 0 after step 12, rank 1 after step 13): dump written: /d0"
+    assert describe_action(apart, "dump") == said
+    ranks.sent(9, "pause", [0, 1])
+    ranks.apply(0, [{"kind": "action", "id": 9, "action": "pause", "ok": True, "step": 14}], now=4.0)
+    (failed,) = ranks.disconnected(1)
+    assert failed["ok"] is False
+    assert failed["error"] == "failed on rank 1: the rank went away before it answered"
+    assert ranks.ranks[0].paused
+
+
+def test_the_command_step_is_just_ahead_of_the_furthest_rank_by_the_records_in_flight():
+    ranks = RanksState([0, 1], 2)
+    assert ranks.command_step() is None
+    ranks.apply(0, [step(n, wait=0.0, forward=0.002, backward=0.007) for n in range(5)], now=0.0)  # 10 ms steps
+    ranks.apply(1, [step(n, wait=0.01) for n in range(7)], now=0.0)  # 18 ms steps
+    assert ranks.command_step() == 7 + 50  # half a second of the faster rank's steps past step 6
+    slow = RanksState([0], 1)
+    slow.apply(0, [step(0, forward=1.0, backward=1.0)], now=0.0)
+    assert slow.command_step() == 1 + 2  # never fewer than two steps ahead
+
+
+def test_at_travels_in_a_command_line_and_a_bad_one_is_refused():
+    assert parse_command(command_line("checkpoint", 3, at=120)) == Command("checkpoint", 3, at=120)
+    assert parse_command(command_line("dump", 4)) == Command("dump", 4)
+    for bad in (b'{"cmd":"dump","id":1,"at":-1}', b'{"cmd":"dump","id":1,"at":"5"}', b'{"cmd":"dump","id":1,"at":1.5}'):
+        with pytest.raises(ProtocolError, match="'at' must be a step count"):
+            parse_command(bad)
+
+
+def test_the_ranks_of_one_job_are_one_entry_and_a_run_of_one_stays_itself():
+    def live(name: str, pid: int, run_id: str | None, rank: int | None, world: int | None) -> LiveRun:
+        return LiveRun(name, pid, f"/s/{name}.{pid}.sock", 5, "live", run_id, None, rank, world)
+
+    runs = [
+        live("ddp", 11, "job-1", 1, 2),
+        live("solo", 20, "r-9", 0, 1),
+        live("ddp", 10, "job-1", 0, 2),
+        live("ddp", 30, "job-2", 0, 2),  # another job of the same name
+        live("ddp", 9, "job-1", 1, 2),  # a stale twin of rank 1: the newer pid is the rank
+    ]
+    grouped = group_jobs(runs)
+    assert [type(g).__name__ for g in grouped] == ["LiveJob", "LiveRun", "LiveJob"]
+    job = grouped[0]
+    assert isinstance(job, LiveJob)
+    assert [(r.rank, r.pid) for r in job.ranks] == [(0, 10), (1, 11)]
+    assert (job.step, job.status, job.world_size) == (5, "live", 2)

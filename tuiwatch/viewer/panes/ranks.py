@@ -1,0 +1,82 @@
+"""The ranks pane of a multi-rank job: per rank its step, step time, data wait, backward (with the wait at the
+gradient sync), memory and status; the rank the others wait for is marked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Group, RenderableType
+from rich.text import Text
+from textual.reactive import reactive
+
+from tuiwatch.analysis.format import safe, size
+from tuiwatch.viewer.panes.base import Pane
+from tuiwatch.viewer.views import RankRow, RanksView
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}ms"
+
+
+@dataclass(frozen=True)
+class Column:
+    title: str
+    width: int
+    cell: Callable[[RankRow], str]
+
+
+# In the order they are dropped last to first when the pane is narrow: a column is shown whole or not at all.
+COLUMNS = (
+    Column("rank", 5, lambda r: ("»" if r.waited_for else " ") + str(r.rank)),
+    Column("status", 9, lambda r: r.status),
+    Column("step", 7, lambda r: "-" if r.step is None else str(r.step)),
+    Column("time", 8, lambda r: _ms(r.step_s)),
+    Column("wait", 8, lambda r: _ms(r.data_wait_s)),
+    Column("bwd+sync", 9, lambda r: _ms(r.backward_s)),
+    Column("mem", 10, lambda r: "-" if r.memory is None else size(r.memory)),
+    Column("host", 12, lambda r: safe(r.host or "-", 11)),
+)
+STATUS_ROLE = {"stale": "warning", "gone": "critical", "failed": "critical", "paused": "warning"}
+
+
+def columns_for(width: int) -> tuple[Column, ...]:
+    shown, used = [], 0
+    for column in COLUMNS:
+        if used + column.width > width:
+            break
+        shown.append(column)
+        used += column.width
+    return tuple(shown)
+
+
+class RanksPane(Pane):
+    COMPONENT_CLASSES = {"pane--dim", "pane--critical", "pane--warning", "pane--rule"}
+    view: reactive[RanksView | None] = reactive(None)
+
+    def __init__(self) -> None:
+        super().__init__("ranks", id="ranks")
+
+    def render(self) -> RenderableType:
+        v = self.view
+        if v is None:
+            return Text("")
+        columns = columns_for(self.content_region.width)
+        dim = self.style_of("dim")
+        lines = [Text("".join(f"{c.title:<{c.width}}" for c in columns), style=dim, no_wrap=True)]
+        if v.summary is not None:
+            lines.append(Text(safe(v.summary, 300), no_wrap=True, overflow="ellipsis"))
+        for row in v.rows:
+            line = Text(no_wrap=True, overflow="crop")
+            for column in columns:
+                cell = f"{column.cell(row):<{column.width}}"[: column.width]
+                role = STATUS_ROLE.get(row.status) if column.title == "status" else None
+                if column.title == "rank" and row.waited_for:
+                    role = "warning"
+                if column.title == "time" and row.slowest:
+                    role = "rule"
+                line.append(cell, style=self.style_of(role) if role else "")
+            lines.append(line)
+        if any(r.waited_for for r in v.rows):
+            lines.append(Text("» the others wait for it at the sync (straggler)", style=dim, no_wrap=True))
+        return Group(*lines)

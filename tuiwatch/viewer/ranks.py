@@ -1,0 +1,227 @@
+"""The ranks of a multi-rank job as the viewer knows them. Pure: no Textual, no I/O.
+
+Each rank's records arrive on a connection of their own, in that rank's
+order; nothing orders them across ranks but the step numbers they carry
+(hosts' clocks differ). :class:`RanksState` folds every rank's records into a
+small summary per rank (the ranks pane), runs the rules that need all ranks
+at once (``straggler``), and says which records the run's main
+:class:`~tuiwatch.viewer.state.RunState` takes: the lead rank's (the lowest:
+its loss, lr and charts are the job's, as ``report`` of a job directory does),
+every rank's alerts, and one combined reply per command sent to all ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuiwatch.ledger.fields import integer, num
+from tuiwatch.ledger.records import Record
+from tuiwatch.rules.resources import Straggler
+
+# A rank that sent nothing for this long (or three of its steps, if longer) is stale: a live run sends a
+# system record every second, every third second while it waits, whatever its step time.
+STALE_S = 5.0
+WINDOW = 20  # steps per rank the pane's medians are taken over
+MAX_KEPT_ALERTS = 50  # per rank, to show again when the lead rank's connection starts over
+ENDED = ("finished", "stopped", "failed")
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    step: int | None = None
+    connected: bool = False
+    end_reason: str | None = None
+    paused: bool = False
+    last_seen: float | None = None  # the viewer's clock when the rank's last record came
+    step_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    data_wait_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    backward_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    memory: float | None = None  # bytes: the device's allocated memory, else the process's RSS
+    alerts: deque[Record] = field(default_factory=lambda: deque(maxlen=MAX_KEPT_ALERTS))
+
+    def status(self, now: float) -> str:
+        if self.end_reason is not None:
+            return {"finished": "finished", "stopped": "stopped"}.get(self.end_reason, "failed")
+        if not self.connected:
+            return "gone" if self.last_seen is not None else "connecting"
+        if self.paused:
+            return "paused"
+        step = self.median("step_s") or 0.0
+        if self.last_seen is not None and now - self.last_seen > max(STALE_S, 3 * step):
+            return "stale"
+        return "live"
+
+    def median(self, name: str) -> float | None:
+        values: deque[float] = getattr(self, name)
+        return statistics.median(values) if values else None
+
+
+@dataclass
+class _Sent:
+    cmd: str
+    waiting: set[int]
+    replies: dict[int, Record] = field(default_factory=dict)
+
+
+class RanksState:
+    def __init__(self, ranks: Iterable[int], world_size: int):
+        self.world_size = world_size
+        self.ranks = {r: RankState(r) for r in sorted(ranks)}
+        self.lead = min(self.ranks)
+        self.straggler = Straggler()
+        self.waited_for: int | None = None  # the rank the straggler rule names, until it clears
+        self._sent: dict[int, _Sent] = {}
+
+    # --- records in ----------------------------------------------------------------
+
+    def apply(self, rank: int, records: Iterable[Record], now: float) -> list[Record]:
+        """Fold one rank's records; the records the run's main state takes, in order."""
+        state = self.ranks[rank]
+        state.last_seen = now
+        out: list[Record] = []
+        lead = rank == self.lead
+        for r in records:
+            kind = r.get("kind")
+            if kind == "step":
+                self._step(state, r)
+                out += self._judge(rank, r)
+                if lead:
+                    out.append(r)
+            elif kind == "alert":
+                tagged = {**r, "rank": rank}
+                state.alerts.append(tagged)
+                out.append(tagged)
+            elif kind == "action":
+                combined = self._answer(rank, r)
+                if combined is not None:
+                    out.append(combined)
+            else:
+                if kind == "run":
+                    state.host = str(r.get("host") or "") or None
+                    state.pid = integer(r.get("pid"))
+                    state.end_reason = None
+                elif kind == "end":
+                    state.end_reason = str(r.get("reason", "finished"))
+                    state.paused = False
+                elif kind == "system" and state.memory is None:
+                    rss = num(r.get("rss"))
+                    state.memory = rss if rss is not None else state.memory
+                if lead:
+                    out.append(r)
+        return out
+
+    def _step(self, state: RankState, r: Record) -> None:
+        state.step = integer(r.get("step"))
+        wait, compute = num(r.get("data_wait_s")), num(r.get("compute_s"))
+        if compute is not None:
+            state.step_s.append((wait or 0.0) + compute)
+        if wait is not None:
+            state.data_wait_s.append(wait)
+        backward = num(r.get("backward_s"))
+        if backward is not None:
+            state.backward_s.append(backward)
+        mem = num(r.get("mem_allocated"))
+        if mem is not None:
+            state.memory = mem
+
+    def _judge(self, rank: int, r: Record) -> list[Record]:
+        alert = self.straggler.observe({**r, "rank": rank})
+        if alert is None:
+            return []
+        if alert["severity"] == "info":
+            self.waited_for = None
+        else:
+            evidence = alert.get("evidence") or {}
+            self.waited_for = integer(evidence.get("rank")) if isinstance(evidence, dict) else None
+        return [{**alert, "rank": self.waited_for if self.waited_for is not None else rank}]
+
+    def connected(self, rank: int) -> None:
+        """A (re)connection of ``rank``: its stream starts again at its run record."""
+        old = self.ranks[rank]
+        self.ranks[rank] = RankState(rank, host=old.host, pid=old.pid, connected=True, last_seen=old.last_seen)
+
+    def disconnected(self, rank: int) -> list[Record]:
+        """``rank`` went away; the combined replies this settles (commands it will never answer)."""
+        self.ranks[rank].connected = False
+        out = []
+        for cmd_id, sent in list(self._sent.items()):
+            if rank in sent.waiting:
+                sent.waiting.discard(rank)
+                gone = "the rank went away before it answered"
+                sent.replies[rank] = {"kind": "action", "id": cmd_id, "action": sent.cmd, "ok": False, "error": gone}
+                out += self._settle(cmd_id)
+        return out
+
+    def kept_alerts(self) -> list[Record]:
+        """Every rank's alerts but the lead's: what a fresh main state is given again."""
+        return [a for r, s in self.ranks.items() if r != self.lead for a in s.alerts]
+
+    # --- commands to every rank --------------------------------------------------------
+
+    def sent(self, cmd_id: int, cmd: str, ranks: Iterable[int]) -> None:
+        self._sent[cmd_id] = _Sent(cmd, set(ranks))
+
+    def _answer(self, rank: int, r: Record) -> Record | None:
+        cmd_id = integer(r.get("id"))
+        sent = self._sent.get(cmd_id) if cmd_id is not None else None
+        if sent is None or rank not in sent.waiting:
+            return None  # another viewer's command: its own viewer says how it went
+        sent.waiting.discard(rank)
+        sent.replies[rank] = r
+        if r.get("ok") is True and sent.cmd in ("pause", "resume"):
+            self.ranks[rank].paused = sent.cmd == "pause"
+        settled = self._settle(cmd_id) if cmd_id is not None else []
+        return settled[0] if settled else None
+
+    def _settle(self, cmd_id: int) -> list[Record]:
+        sent = self._sent[cmd_id]
+        if sent.waiting:
+            return []
+        del self._sent[cmd_id]
+        return [combine_replies(cmd_id, sent.cmd, sent.replies)]
+
+    # --- derived ------------------------------------------------------------------------
+
+    def furthest_step(self) -> int | None:
+        steps = [s.step for s in self.ranks.values() if s.step is not None]
+        return max(steps) if steps else None
+
+    def command_step(self, lead_s: float = 0.5) -> int | None:
+        """The step count every rank runs a command at: just ahead of the furthest rank, by the records still
+        on their way (``lead_s`` of steps, at least two)."""
+        furthest = self.furthest_step()
+        if furthest is None:
+            return None
+        steps = [m for s in self.ranks.values() if (m := s.median("step_s"))]
+        ahead = max(2, math.ceil(lead_s / min(steps))) if steps else 2
+        return furthest + 1 + ahead
+
+    def live_ranks(self) -> list[int]:
+        return [r for r, s in self.ranks.items() if s.connected and s.end_reason is None]
+
+
+def combine_replies(cmd_id: int, cmd: str, replies: dict[int, Record]) -> Record:
+    """One ``action`` record for a command every rank answered: ok only if every rank's was, with the step
+    each acted at, and the first failure named by its rank."""
+    failed = sorted(r for r, reply in replies.items() if reply.get("ok") is not True)
+    steps = {r: integer(reply.get("step")) for r, reply in replies.items()}
+    lead = min(replies)
+    combined: dict[str, Any] = {**replies[lead], "id": cmd_id, "action": cmd, "ranks": sorted(replies)}
+    combined["ok"] = not failed
+    combined["rank_steps"] = {str(r): s for r, s in sorted(steps.items())}
+    # Ranks of a DDP job that paused or stopped apart: the one ahead waits in a collective for the others.
+    combined["apart"] = len(set(steps.values())) > 1
+    if failed:
+        first = failed[0]
+        combined["error"] = f"failed on rank {first}: {replies[first].get('error') or 'no reason given'}" + (
+            f" (and on {len(failed) - 1} more)" if len(failed) > 1 else ""
+        )
+    return combined
