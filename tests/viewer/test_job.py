@@ -62,7 +62,7 @@ async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_
         await drawn(pilot)
         pane = plain(app.query_one(RanksPane)).splitlines()
         # 140 columns: the side column has room for these; a wider terminal adds memory and host.
-        assert pane[0].split() == ["rank", "status", "step", "time", "wait", "bwd+sync"]
+        assert pane[0].split() == ["rank", "status", "step", "wait", "bwd+sync", "time"]
         assert [line.split()[:2] for line in pane[1:3]] == [["0", "live"], ["1", "live"]]
 
         await pilot.press("c")

@@ -1,5 +1,5 @@
-"""The ranks pane of a multi-rank job: per rank its step, step time, data wait, backward (with the wait at the
-gradient sync), memory and status; the rank the others wait for is marked."""
+"""The ranks pane of a multi-rank job: per rank its status, step, data wait, backward (with the wait at the
+gradient sync), step time, memory and host; the rank the others wait for is marked."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ COLUMNS = (
     Column("rank", 5, lambda r: ("»" if r.waited_for else " ") + str(r.rank)),
     Column("status", 9, lambda r: r.status),
     Column("step", 7, lambda r: "-" if r.step is None else str(r.step)),
-    Column("time", 8, lambda r: _ms(r.step_s)),
+    # What tells the culprit from its victims first; the step time (equal on every rank under DDP) after.
     Column("wait", 8, lambda r: _ms(r.data_wait_s)),
     Column("bwd+sync", 9, lambda r: _ms(r.backward_s)),
+    Column("time", 8, lambda r: _ms(r.step_s)),
     Column("mem", 10, lambda r: "-" if r.memory is None else size(r.memory)),
     Column("host", 12, lambda r: safe(r.host or "-", 11)),
 )
