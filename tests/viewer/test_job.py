@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from tuiwatch.ledger.ranks import rank_ledgers
@@ -107,3 +111,30 @@ async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_
     assert [e["reason"] for e in ends[0] + ends[1]] == ["stopped", "stopped"]
     steps = {rank: [r["step"] for r in read_ledger(path) if r["kind"] == "step"] for rank, path in ledgers.items()}
     assert steps[0][-1] == steps[1][-1]
+
+
+async def test_a_rank_killed_mid_run_is_shown_gone_and_leaves_a_clean_ledger(tmp_path: Path, socket_dir: Path):
+    proc = start_job(tmp_path / "runs", socket_dir)
+    job = wait_until(lambda: live_job(socket_dir), timeout=60, what="both ranks listening")
+    source = RanksSource({r.rank or 0: Path(r.socket) for r in job.ranks}, job.name, job.world_size)
+    app = RecordingApp(source)
+    async with app.run_test(size=(160, 40)) as pilot:
+        ranks = app.ranks
+        assert ranks is not None
+        await until(pilot, lambda: all((s.step or 0) > 5 for s in ranks.ranks.values()), 60, "both ranks' steps")
+        os.kill(job.ranks[1].pid, signal.SIGKILL)
+        await until(pilot, lambda: ranks.ranks[1].status(time.time()) == "gone", 30, "rank 1 shown gone")
+        await drawn(pilot)
+        rows = plain(app.query_one(RanksPane)).splitlines()
+        assert rows[2].split()[:2] == ["1", "gone"]
+        assert any(n.startswith("rank 1: ") for n in app.notes)  # said, with the reason, once
+        # torchrun then ends the job: rank 0 is told to stop, and says so in its own row.
+        await until(pilot, lambda: ranks.ranks[0].status(time.time()) != "live", 60, "rank 0 to end")
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    (job_dir,) = (tmp_path / "runs").iterdir()
+    killed = rank_ledgers(job_dir)[1].read_bytes()
+    assert killed.endswith(b"\n")
+    lines = [orjson.loads(line) for line in killed.splitlines()]  # every line whole: a clean prefix
+    assert lines[0]["kind"] == "run"
+    assert "end" not in {r["kind"] for r in lines}
