@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -11,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import STARTED, wait_until
-from .ssh_helpers import SSHD, Sshd, free_port
+from .helpers import STARTED
+from .ssh_helpers import Sshd, TwoHosts, ssh_command, start_sshd
 
 
 @pytest.fixture(autouse=True)
@@ -57,35 +56,34 @@ def tmux(socket_dir: Path) -> Iterator[list[str]]:
 @pytest.fixture
 def sshd(tmp_path: Path, socket_dir: Path) -> Iterator[Sshd]:
     """A real sshd on 127.0.0.1 with a throwaway host key and user key."""
-    if not os.path.exists(SSHD) or os.geteuid() != 0:
-        pytest.skip("needs sshd and root: make check installs openssh-server where it can")
-    d = tmp_path / "ssh"
-    d.mkdir(mode=0o700)
-    for key in ("host_key", "user_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / key)], check=True)
-    (d / "authorized_keys").write_text((d / "user_key.pub").read_text())
-    os.chmod(d / "authorized_keys", 0o600)
-    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-    port = free_port()
-    config = d / "sshd_config"
-    config.write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
-        f"PidFile {d / 'sshd.pid'}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-        "StrictModes no\nPermitRootLogin prohibit-password\nLogLevel ERROR\n"
-    )
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
-
-    def listening() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"sshd exited: {proc.stderr.read() if proc.stderr else ''}")
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_until(listening, what="sshd to listen")
-    ssh = (
-        f"ssh -p {port} -i {d / 'user_key'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-        "-o BatchMode=yes -o LogLevel=ERROR"
-    )
-    yield Sshd("127.0.0.1", ssh, f"env TUIWATCH_DIR={socket_dir} {sys.executable} -m tuiwatch")
+    proc, port, key = start_sshd(tmp_path / "ssh")
+    yield Sshd("127.0.0.1", ssh_command(port, key), f"env TUIWATCH_DIR={socket_dir} {sys.executable} -m tuiwatch")
     proc.terminate()
     proc.wait(10)
+
+
+@pytest.fixture
+def two_hosts(tmp_path: Path) -> Iterator[TwoHosts]:
+    """Two "hosts" for one job: two sshd on loopback, each with a socket directory of its own (sshd's
+    SetEnv), reached as h1 and h2 through an ssh config of the test's."""
+    dirs, procs, lines = [], [], []
+    for i in (1, 2):
+        sockets = Path(tempfile.mkdtemp(prefix=f"tw-h{i}-", dir="/tmp"))
+        os.chmod(sockets, 0o700)
+        proc, port, key = start_sshd(tmp_path / f"ssh{i}", f"SetEnv TUIWATCH_DIR={sockets}\n")
+        dirs.append(sockets)
+        procs.append(proc)
+        lines.append(
+            f"Host h{i}\n  HostName 127.0.0.1\n  Port {port}\n  IdentityFile {key}\n  StrictHostKeyChecking no\n"
+            "  UserKnownHostsFile /dev/null\n  BatchMode yes\n  LogLevel ERROR\n  ServerAliveInterval 2\n"
+        )
+    config = tmp_path / "ssh_config"
+    config.write_text("".join(lines))
+    yield TwoHosts(f"ssh -F {config}", f"{sys.executable} -m tuiwatch", dirs)
+    for proc in procs:
+        proc.terminate()
+        proc.wait(10)
+    for sockets in dirs:
+        for child in sockets.iterdir():
+            child.unlink()
+        sockets.rmdir()

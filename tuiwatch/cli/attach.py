@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuiwatch.viewer import DEFAULT_FPS
+
+if TYPE_CHECKING:
+    from tuiwatch.viewer.sources import RanksSource
+    from tuiwatch.wire.discovery import Remote
 
 
 def add_parser(sub: Any) -> None:
@@ -19,7 +23,14 @@ def add_parser(sub: Any) -> None:
         "--token-file (or the token file alone) for a run started with Watch(tcp=...); without TARGET, the one "
         "live run here, or a picker when there are several.",
     )
-    p.add_argument("target", nargs="?", help="run name, pid, socket path, [user@]host:[name], or tcp://HOST:PORT")
+    p.add_argument(
+        "target",
+        nargs="*",
+        help="run name, pid, socket path, [user@]host:[name], or tcp://HOST:PORT; several host:name, the hosts "
+        "of one job",
+    )
+    p.add_argument("--hosts", default=None, metavar="H1,H2", help="the hosts of one job: attach --hosts gpu1,gpu2 NAME")
+    p.add_argument("--ranks", default=None, metavar="SPEC", help="only these ranks of a job, e.g. 0,2,4-7")
     p.add_argument(
         "--token-file",
         default=None,
@@ -68,33 +79,41 @@ def add_remote_options(p: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tuiwatch.errors import TuiwatchError
-    from tuiwatch.wire.discovery import (
-        LiveJob,
-        LiveRun,
-        choose_remote_run,
-        find_socket_by_name,
-        parse_remote,
-        resolve_target,
-    )
+    from tuiwatch.wire.discovery import parse_ranks, parse_remote
     from tuiwatch.wire.tcp import check_tcp_target, tcp_target
 
-    over_tcp = tcp_target(args.target, args.token_file)
+    targets: list[str] = list(args.target)
+    if args.hosts:
+        if len(targets) != 1 or ":" in targets[0]:
+            raise TuiwatchError("--hosts H1,H2 takes one run NAME (or run id): tuiwatch attach --hosts gpu1,gpu2 NAME")
+        targets = [f"{host.strip()}:{targets[0]}" for host in args.hosts.split(",") if host.strip()]
+    ranks = parse_ranks(args.ranks) if args.ranks else None
+    if len(targets) > 1:
+        remotes = [parse_remote(t, args.ssh, args.remote_tuiwatch) for t in targets]
+        if any(r is None for r in remotes):
+            raise TuiwatchError("several targets are the hosts of one job: give each as HOST:NAME")
+        return _attach_job([r for r in remotes if r is not None], ranks, args.fps)
+    target = targets[0] if targets else None
+    over_tcp = tcp_target(target, args.token_file)
     if over_tcp is not None:
         from tuiwatch.viewer.app import TuiwatchApp
         from tuiwatch.viewer.sources import TcpSource
 
         check_tcp_target(over_tcp)
         return TuiwatchApp(TcpSource(over_tcp), fps=args.fps).run_viewer()
-    remote = parse_remote(args.target, args.ssh, args.remote_tuiwatch)
+    remote = parse_remote(target, args.ssh, args.remote_tuiwatch)
     if remote is not None:
-        from tuiwatch.viewer.app import TuiwatchApp
-        from tuiwatch.viewer.sources import CommandSource
+        return _attach_remote(remote, ranks, args.fps)
+    return _attach_local(target, ranks, args.fps)
 
-        chosen = choose_remote_run(remote)
-        return TuiwatchApp(
-            CommandSource(remote.argv("relay", str(chosen.pid)), f"{remote.host}:{chosen.name}"), fps=args.fps
-        ).run_viewer()
-    found = resolve_target(args.target)
+
+def _attach_local(target: str | None, ranks: set[int] | None, fps: float) -> int:
+    from tuiwatch.errors import TuiwatchError
+    from tuiwatch.viewer.app import TuiwatchApp
+    from tuiwatch.viewer.sources import RanksSource, SocketSource
+    from tuiwatch.wire.discovery import LiveJob, LiveRun, find_socket_by_name, resolve_target
+
+    found = resolve_target(target)
     if isinstance(found, list):
         from tuiwatch.viewer.screens.run_picker import pick_run
 
@@ -102,15 +121,50 @@ def run(args: argparse.Namespace) -> int:
         if choice is None:
             return 0
         found = choice
-    from tuiwatch.viewer.app import TuiwatchApp
-    from tuiwatch.viewer.sources import RanksSource, SocketSource
-
     if isinstance(found, LiveJob):
-        sockets = {r.rank or 0: Path(r.socket) for r in found.ranks}
-        source = RanksSource(sockets, found.name, found.world_size, lambda n, r: find_socket_by_name(n, rank=r))
-        return TuiwatchApp(source, fps=args.fps).run_viewer()
+        sockets = {r.rank or 0: Path(r.socket) for r in found.ranks if ranks is None or r.rank in ranks}
+        if not sockets:
+            raise TuiwatchError(f"--ranks: none of those ranks of {found.name} is on this host")
+        source = RanksSource(found.name, found.world_size, sockets, find=lambda n, r: find_socket_by_name(n, rank=r))
+        return TuiwatchApp(source, fps=fps).run_viewer()
     assert isinstance(found, LiveRun)
-
     if not Path(found.socket).exists():
         raise TuiwatchError(f"the run {found.name} went away before the viewer started")
-    return TuiwatchApp(SocketSource(Path(found.socket), found.name, find_socket_by_name), fps=args.fps).run_viewer()
+    return TuiwatchApp(SocketSource(Path(found.socket), found.name, find_socket_by_name), fps=fps).run_viewer()
+
+
+def _attach_remote(remote: Remote, ranks: set[int] | None, fps: float) -> int:
+    """One host: a single run through ``relay PID``; a job's ranks there through one ``relay RUN_ID``."""
+    from tuiwatch.viewer.app import TuiwatchApp
+    from tuiwatch.viewer.sources import CommandSource
+    from tuiwatch.wire.discovery import choose_remote_run
+
+    chosen = choose_remote_run(remote)
+    if chosen.world_size and chosen.world_size > 1 and chosen.rank is not None and remote.name != str(chosen.pid):
+        return _attach_job([remote], ranks, fps)
+    source = CommandSource(remote.argv("relay", str(chosen.pid)), f"{remote.host}:{chosen.name}")
+    return TuiwatchApp(source, fps=fps).run_viewer()
+
+
+def _attach_job(remotes: list[Remote], ranks: set[int] | None, fps: float) -> int:
+    from tuiwatch.viewer.app import TuiwatchApp
+
+    return TuiwatchApp(job_source(remotes, ranks), fps=fps).run_viewer()
+
+
+def job_source(remotes: list[Remote], ranks: set[int] | None = None) -> RanksSource:
+    """The ranks of one job on several hosts (or one): one ssh per host, each carrying that host's ranks."""
+    from tuiwatch.errors import TuiwatchError
+    from tuiwatch.viewer.sources import RanksSource, RelaySource
+    from tuiwatch.wire.discovery import find_remote_job
+
+    found = find_remote_job(remotes)
+    relays = []
+    for remote, job in found:
+        here = [r.rank or 0 for r in job.ranks if ranks is None or r.rank in ranks]
+        if here:
+            relays.append(RelaySource(remote.argv("relay", job.run_id), remote.host, here))
+    if not relays:
+        raise TuiwatchError("--ranks: none of those ranks is on the hosts given")
+    name, world_size = found[0][1].name, max(job.world_size for _, job in found)
+    return RanksSource(name, world_size, relays=relays)

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from tuiwatch.errors import TuiwatchError
+from tuiwatch.wire.job_relay import write_all
 
 
 def add_parser(sub: Any) -> None:
@@ -16,7 +17,8 @@ def add_parser(sub: Any) -> None:
         "relay",
         help="speak a local run's wire protocol on stdin/stdout (for ssh)",
         description="Connect to a live run of this host and copy its stream to stdout and commands from stdin "
-        "to it. `tuiwatch attach host:name` runs this on the other side of ssh.",
+        "to it; for a job of several ranks here, every rank's stream, labelled (docs/wire.md). "
+        "`tuiwatch attach host:name` runs this on the other side of ssh.",
     )
     p.add_argument("target", nargs="?", help="run name, pid or socket path (none: the only live run)")
     p.set_defaults(run=run)
@@ -31,10 +33,9 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(f"{r.name} ({_pids(r)})" for r in found)
         raise TuiwatchError(f"several live runs match: {names}; name one")
     if isinstance(found, LiveJob):
-        # One ssh carrying every local rank, labelled, is the multi-host part of issue 19: not built yet.
-        raise TuiwatchError(
-            f"{found.name} is a job of {len(found.ranks)} ranks here ({_pids(found)}): relay one rank by its pid"
-        )
+        from tuiwatch.wire.job_relay import relay_job
+
+        return relay_job(found, sys.stdin.fileno(), sys.stdout.fileno())
     assert isinstance(found, LiveRun)
     try:
         sock = connect(found.socket, timeout=5.0)
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                     data = sock.recv(1 << 16)
                     if not data:
                         return 0  # the run ended the stream
-                    _write_all(stdout, data)
+                    write_all(stdout, data)
                 else:
                     data = os.read(stdin, 1 << 16)
                     if not data:
@@ -71,9 +72,3 @@ def _pids(found: Any) -> str:
     if ranks is None:
         return f"pid {found.pid}"
     return "pids " + ", ".join(f"{r.pid} (rank {r.rank})" for r in ranks)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]

@@ -9,12 +9,14 @@ app a few messages a second, not ten thousand.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import select
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -194,39 +196,163 @@ class SocketSource:
 
 
 class RanksSource:
-    """The ranks of one job on this host: a :class:`SocketSource` per rank, each message tagged with its rank.
+    """The ranks of one job: a :class:`SocketSource` per rank on this host, a :class:`RelaySource` per other
+    host (one ssh carrying all of that host's ranks); every message tagged with its rank.
 
-    Each rank reconnects on its own (a restarted rank is found by its name and rank); one rank that goes
-    away or stalls never holds up the others' records.
+    Each rank on this host reconnects on its own (a restarted rank is found by its name and rank); one rank
+    or host that goes away or stalls never holds up the others' records.
     """
 
     live = True
 
-    def __init__(self, sockets: dict[int, Path], name: str, world_size: int, find: FindRank | None = None):
+    def __init__(
+        self,
+        name: str,
+        world_size: int,
+        sockets: dict[int, Path] | None = None,
+        relays: Sequence[RelaySource] = (),
+        find: FindRank | None = None,
+    ):
         self.name = name
         self.world_size = world_size
-        self.label = f"{name}: {len(sockets)} of {world_size} ranks"
-        self.sources = {rank: SocketSource(path, name, _finder(find, rank)) for rank, path in sorted(sockets.items())}
+        self.sources = {
+            rank: SocketSource(path, name, _finder(find, rank)) for rank, path in sorted((sockets or {}).items())
+        }
+        self.relays = list(relays)
+        self._route: dict[int, Callable[[str, int, int | None], bool]] = {r: s.send for r, s in self.sources.items()}
+        for relay in self.relays:
+            for rank in relay.ranks:
+                self._route[rank] = functools.partial(relay.send_to, rank)
+        hosts = f" on {len(self.relays) + bool(self.sources)} hosts" if self.relays else ""
+        self.label = f"{name}: {len(self._route)} of {world_size} ranks{hosts}"
 
     @property
     def ranks(self) -> list[int]:
-        return list(self.sources)
+        return sorted(self._route)
 
     def start(self, post: Post) -> None:
         for rank, source in self.sources.items():
             source.start(_tagging(post, rank))
+        for relay in self.relays:
+            relay.start(post)
 
     def send(self, cmd: str, cmd_id: int, at: int | None = None) -> bool:
-        """Send to every rank (one id: each rank is its own process); whether every connected rank took it."""
-        sent = [source.send(cmd, cmd_id, at) for source in self.sources.values()]
+        """Send to every rank (one id: each rank is its own process); whether any rank took it."""
+        sent = [self.send_to(rank, cmd, cmd_id, at) for rank in self.ranks]
         return any(sent)
 
     def send_to(self, rank: int, cmd: str, cmd_id: int, at: int | None = None) -> bool:
-        return self.sources[rank].send(cmd, cmd_id, at)
+        return self._route[rank](cmd, cmd_id, at)
 
     def stop(self) -> None:
         for source in self.sources.values():
             source.stop()
+        for relay in self.relays:
+            relay.stop()
+
+
+class RelaySource:
+    """One host's ranks of a job through ``ssh host tuiwatch relay RUN_ID``: one stream, split by the relay's
+    label lines (:mod:`tuiwatch.wire.job_relay`) into each rank's records.
+
+    A host that dies without closing the connection sends nothing more: its ranks turn stale in the ranks
+    pane, and nothing here waits on it but this thread.
+    """
+
+    live = True
+
+    def __init__(self, argv: list[str], host: str, ranks: Sequence[int]):
+        self.argv = argv
+        self.host = host
+        self.ranks = sorted(ranks)
+        self.label = f"{host}: ranks {', '.join(map(str, self.ranks))}"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def start(self, post: Post) -> None:
+        reading_thread(lambda p: self._run(p), post, "tuiwatch-relay").start()
+
+    def _run(self, post: Post) -> None:
+        try:
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as exc:
+            for rank in self.ranks:
+                _tagging(post, rank)(SourceDisconnected(f"cannot run {self.argv[0]}: {exc.strerror or exc}"))
+            return
+        self._proc = proc
+        for rank in self.ranks:
+            _tagging(post, rank)(SourceConnected(f"{self.host}: rank {rank}"))
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
+        splitter = LineSplitter(MAX_LINE, skip_long=True)
+        pending: dict[int, list[Record]] = {}
+        open_ranks: set[int] = set(self.ranks)
+        current: int | None = None
+        reason = "the relay ended"
+
+        last_flush = time.monotonic()
+
+        def flush() -> None:
+            nonlocal last_flush
+            for rank, records in pending.items():
+                if records:
+                    _tagging(post, rank)(RecordsReceived(records))
+            pending.clear()
+            last_flush = time.monotonic()
+
+        try:
+            while True:
+                # At most every BATCH_S, whether the stream pauses or never does.
+                ready, _, _ = select.select([fd], [], [], BATCH_S)
+                if not ready or time.monotonic() - last_flush >= BATCH_S:
+                    flush()
+                if not ready:
+                    continue
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    break
+                for line in splitter.feed(data):
+                    try:
+                        record = decode(line)
+                    except DecodeError:
+                        continue
+                    if record.get("kind") != "relay":
+                        if current is not None and current in open_ranks:
+                            pending.setdefault(current, []).append(record)
+                        continue
+                    labelled = record.get("rank")
+                    if type(labelled) is not int:
+                        continue  # the relay's first line: what it serves (known from ls already)
+                    current = labelled
+                    if "closed" in record and labelled in open_ranks:
+                        flush()
+                        open_ranks.discard(labelled)
+                        _tagging(post, labelled)(SourceDisconnected(f"{self.host}: {record['closed']}"))
+        except OSError as exc:
+            reason = f"relay stream broken: {exc}"
+        flush()
+        proc.wait()
+        err = proc.stderr.read().decode(errors="replace").strip().splitlines() if proc.stderr else []
+        if proc.returncode and err:
+            reason = err[-1]
+        for rank in sorted(open_ranks):
+            _tagging(post, rank)(SourceDisconnected(f"{self.host}: {reason}"))
+
+    def send_to(self, rank: int, cmd: str, cmd_id: int, at: int | None = None) -> bool:
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return False
+        with self._lock:
+            try:
+                proc.stdin.write(command_line(cmd, cmd_id, at, rank))
+                proc.stdin.flush()
+            except OSError:
+                return False
+        return True
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
 
 
 FindRank = Callable[[str, int], Path | None]

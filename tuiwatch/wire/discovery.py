@@ -284,3 +284,46 @@ def choose_remote_run(remote: Remote) -> LiveRun:
     if not matches:
         raise TuiwatchError(f"no live run named {remote.name!r} on {remote.host}; live runs: {names}")
     return matches[0]
+
+
+def find_remote_job(remotes: list[Remote]) -> list[tuple[Remote, LiveJob]]:
+    """The job each host's ``NAME`` (a run name or run id) names, one ``ls`` through ssh per host; a one-line
+    TuiwatchError when a host has no such job or two hosts claim the same rank."""
+    found: list[tuple[Remote, LiveJob]] = []
+    owner: dict[int, str] = {}
+    for remote in remotes:
+        if remote.name is None:
+            raise TuiwatchError(f"give the run on {remote.host} as {remote.host}:NAME (several hosts: one job)")
+        grouped = group_jobs(list_remote_runs(remote))
+        jobs = [g for g in grouped if isinstance(g, LiveJob) and remote.name in (g.name, g.run_id)]
+        if not jobs:
+            names = ", ".join(sorted({g.name for g in grouped})) or "none"
+            raise TuiwatchError(f"no live job of several ranks named {remote.name!r} on {remote.host} (live: {names})")
+        if len(jobs) > 1:
+            ids = ", ".join(j.run_id for j in jobs)
+            raise TuiwatchError(f"{len(jobs)} jobs named {remote.name!r} on {remote.host} ({ids}): give the run id")
+        job = jobs[0]
+        for run in job.ranks:
+            rank = run.rank or 0
+            if rank in owner:
+                raise TuiwatchError(
+                    f"rank {rank} is on both {owner[rank]} and {remote.host}: not one job (name it by run id)"
+                )
+            owner[rank] = remote.host
+        found.append((remote, job))
+    return found
+
+
+def parse_ranks(text: str) -> set[int]:
+    """``--ranks 0,2,4-7`` as a set of ranks; a one-line TuiwatchError for anything else."""
+    ranks: set[int] = set()
+    try:
+        for part in text.split(","):
+            first, _, last = part.strip().partition("-")
+            lo, hi = int(first), int(last or first)
+            if lo < 0 or hi < lo or hi - lo > 1 << 16:
+                raise ValueError
+            ranks.update(range(lo, hi + 1))
+    except ValueError:
+        raise TuiwatchError(f"--ranks takes ranks like 0,2,4-7 (got {text!r})") from None
+    return ranks

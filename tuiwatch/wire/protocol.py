@@ -77,8 +77,14 @@ def parse_command(line: bytes) -> Command:
     return Command(cmd=cmd, id=cmd_id, at=at)
 
 
-def command_line(cmd: str, cmd_id: int, at: int | None = None) -> bytes:
-    return encode({"cmd": cmd, "id": cmd_id} if at is None else {"cmd": cmd, "id": cmd_id, "at": at})
+def command_line(cmd: str, cmd_id: int, at: int | None = None, rank: int | None = None) -> bytes:
+    """A command as a line; ``rank`` routes it through a job's relay (a run ignores it)."""
+    line: dict[str, object] = {"cmd": cmd, "id": cmd_id}
+    if at is not None:
+        line["at"] = at
+    if rank is not None:
+        line["rank"] = rank
+    return encode(line)
 
 
 class LineSplitter:
