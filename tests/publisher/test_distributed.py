@@ -13,8 +13,10 @@ import pytest
 
 from tuiwatch.ledger.ranks import merge_ranks, rank_ledgers
 from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.wire.discovery import LiveRun, list_live_runs
+from tuiwatch.wire.protocol import command_line, connect, iter_records
 
-from ..helpers import SCRIPTS, env_for
+from ..helpers import SCRIPTS, STARTED, env_for, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +81,54 @@ def test_a_slow_loader_on_rank_1_is_named_as_the_straggler_by_its_input(tmp_path
     # The victim (rank 0) waits ~20 ms at the all-reduce inside its backward; the culprit waits for its data.
     assert phases["0"]["backward_s"] > 0.015 > phases["1"]["backward_s"]
     assert phases["1"]["data_wait_s"] > 0.015 > phases["0"]["data_wait_s"]
+
+
+def losses(job: Path) -> dict[int, dict[int, float]]:
+    """Each rank's loss by step, from its ledger."""
+    return {
+        rank: {r["step"]: r["loss"] for r in read_ledger(path) if r["kind"] == "step"}
+        for rank, path in rank_ledgers(job).items()
+    }
+
+
+def both_ranks(socket_dir: Path) -> list[LiveRun] | None:
+    runs = list_live_runs(socket_dir)
+    return runs if len(runs) == 2 else None
+
+
+def test_a_checkpoint_set_taken_at_one_step_resumes_the_job_exactly(tmp_path: Path, socket_dir: Path):
+    torchrun(tmp_path / "straight", socket_dir)
+    (straight,) = (tmp_path / "straight").iterdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(SCRIPTS / "ddp_train.py")]
+    paced = subprocess.Popen(
+        [*cmd, "--run-dir", str(tmp_path / "paced"), "--step-sleep", "0.02"],
+        env=env_for(socket_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    STARTED.append(paced)
+    # What the viewer does on `c` for a job: the same command, with the same `at`, to every rank.
+    runs = wait_until(lambda: both_ranks(socket_dir), 60, "both ranks")
+    socks = [connect(run.socket) for run in runs]
+    for sock in socks:
+        sock.sendall(command_line("checkpoint", 1, at=30))
+    for sock in socks:
+        reply = next(r for r in iter_records(sock) if r.get("kind") == "action")
+        sock.close()
+        assert reply["ok"] is True, reply
+        assert reply["steps_done"] == 30
+    _, err = paced.communicate(timeout=240)
+    assert paced.returncode == 0, err[-2000:]
+    (job,) = (tmp_path / "paced").iterdir()
+    assert sorted(p.relative_to(job).as_posix() for p in job.glob("rank*/checkpoints/*.pt")) == [
+        "rank0/checkpoints/step-30.pt",
+        "rank1/checkpoints/step-30.pt",
+    ]
+
+    torchrun(tmp_path / "resumed", socket_dir, "--resume-from", str(job), "--resume-step", "30")
+    (resumed,) = (tmp_path / "resumed").iterdir()
+    expected, got = losses(straight), losses(resumed)
+    for rank in (0, 1):
+        assert sorted(got[rank]) == list(range(30, 64))
+        assert got[rank] == {step: loss for step, loss in expected[rank].items() if step >= 30}

@@ -52,6 +52,8 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-s", type=float, default=0.0)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds each rank sleeps a step (a live job)")
+    p.add_argument("--resume-from", default=None, help="a job directory whose checkpoint set to resume")
+    p.add_argument("--resume-step", type=int, default=0, help="the checkpoint set's step count")
     args = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -64,7 +66,9 @@ def main() -> None:
     sleep_s = args.slow_s if rank == args.slow_rank else 0.0
     loader = DataLoader(data, batch_size=32, sampler=sampler, collate_fn=collate_sleeping(sleep_s))
     with tuiwatch.Watch(model, optimizer, name=args.name, run_dir=args.run_dir) as watch:
-        for epoch in range(args.epochs):
+        if args.resume_from:  # each rank its own file of the set: its RNGs and its shard's position
+            watch.restore(f"{args.resume_from}/rank{rank}/checkpoints/step-{args.resume_step}.pt")
+        for epoch in range(watch.epoch, args.epochs):
             sampler.set_epoch(epoch)
             for x, y in watch.batches(loader):
                 loss = nn.functional.cross_entropy(model(x), y)
