@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -122,3 +123,29 @@ def test_batches_past_the_id_cap_are_compared_by_their_digest():
         "B=[0, 1, 2, 3, ..., 4094, 4095] of 20000 ids (digest bbbb)"
     )
     assert compare(a, a).difference is None
+
+
+def test_two_job_directories_are_compared_rank_by_rank_and_the_first_to_part_is_named(tmp_path: Path, socket_dir: Path):
+    def job(path: Path, rank1_loss_at_7: float) -> Path:
+        for rank in (0, 1):
+            records: list[dict[str, object]] = [
+                {"kind": "run", "t": 0.0, "name": "ddp", "run_id": "j", "rank": rank, "world_size": 2, "argv": []}
+            ]
+            for n in range(10):
+                loss = rank1_loss_at_7 if (rank, n) == (1, 7) else 1.0 / (n + 1)
+                records.append({"kind": "step", "t": float(n), "step": n, "loss": loss})
+            (path / f"rank{rank}").mkdir(parents=True)
+            (path / f"rank{rank}" / "ledger.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+        return path
+
+    a, b = job(tmp_path / "a", 1 / 8), job(tmp_path / "b", 0.5)
+    same = diff(socket_dir, str(a), str(a))
+    assert (same.returncode, same.stdout) == (0, "the 2 ranks agree on every common step\n")
+    parted = diff(socket_dir, str(a), str(b))
+    assert parted.returncode == 1
+    assert parted.stdout.startswith("rank 1 parts first:\n")
+    assert "step 7" in parted.stdout
+    as_json = json.loads(diff(socket_dir, str(a), str(b), "--json").stdout)
+    assert as_json["first_rank"] == 1
+    assert as_json["ranks"]["0"]["difference"] is None
+    assert as_json["ranks"]["1"]["difference"]["step"] == 7

@@ -57,7 +57,7 @@ async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_
     assert "ranks 2/2" in rows[1]
     assert ",".join(str(r.pid) for r in job.ranks) in rows[1]
 
-    source = RanksSource(job.name, job.world_size, {r.rank or 0: Path(r.socket) for r in job.ranks})
+    source = RanksSource.on_this_host(job.name, job.world_size, {r.rank or 0: Path(r.socket) for r in job.ranks})
     app = RecordingApp(source)
     async with app.run_test(size=(140, 40)) as pilot:
         ranks = app.ranks
@@ -116,7 +116,7 @@ async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_
 async def test_a_rank_killed_mid_run_is_shown_gone_and_leaves_a_clean_ledger(tmp_path: Path, socket_dir: Path):
     proc = start_job(tmp_path / "runs", socket_dir)
     job = wait_until(lambda: live_job(socket_dir), timeout=60, what="both ranks listening")
-    source = RanksSource(job.name, job.world_size, {r.rank or 0: Path(r.socket) for r in job.ranks})
+    source = RanksSource.on_this_host(job.name, job.world_size, {r.rank or 0: Path(r.socket) for r in job.ranks})
     app = RecordingApp(source)
     async with app.run_test(size=(160, 40)) as pilot:
         ranks = app.ranks

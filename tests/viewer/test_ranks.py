@@ -3,16 +3,22 @@ row and status, the straggler the rule names, and one answer for a command sent 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tuiwatch.cli.replay import replay_source
 from tuiwatch.ledger.records import Record
+from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.ranks import STALE_S, RanksState
+from tuiwatch.viewer.sources import RanksSource
 from tuiwatch.viewer.state import RunState, describe_action
 from tuiwatch.viewer.views import MAX_RANK_ROWS, ranks_view
 from tuiwatch.wire.discovery import LiveJob, LiveRun, group_jobs
 from tuiwatch.wire.protocol import Command, ProtocolError, command_line, parse_command
+
+from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, shown, until, write_ledger
 
 
 def step(n: int, wait: float = 0.001, forward: float = 0.002, backward: float = 0.004, **extra: Any) -> dict[str, Any]:
@@ -175,3 +181,31 @@ def test_the_ranks_of_one_job_are_one_entry_and_a_run_of_one_stays_itself():
     assert isinstance(job, LiveJob)
     assert [(r.rank, r.pid) for r in job.ranks] == [(0, 10), (1, 11)]
     assert (job.step, job.status, job.world_size) == (5, "live", 2)
+
+
+async def test_replay_of_a_job_directory_shows_every_rank_and_the_straggler(tmp_path: Path):
+    job = tmp_path / "ddp-job-1"
+    for rank in (0, 1):
+        records: list[dict[str, Any]] = [{**run(rank), "t": 1.0}]
+        for n in range(40):
+            # Rank 1 waits 20 ms for its data; rank 0 waits those 20 ms at the all-reduce, inside its backward.
+            slow = step(n, wait=0.021, backward=0.004) if rank == 1 else step(n, wait=0.001, backward=0.024)
+            records.append({**slow, "t": 1.0 + n})
+        records.append({"kind": "end", "t": 50.0, "reason": "finished"})
+        (job / f"rank{rank}").mkdir(parents=True)
+        write_ledger(job / f"rank{rank}" / "ledger.jsonl", records)
+    source = replay_source(str(job))
+    assert isinstance(source, RanksSource)
+    assert not source.live
+    app = RecordingApp(source, clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, shown(app, "finished"), what="the replay to finish")
+        await until(pilot, lambda: all(s.end_reason for s in app.ranks.ranks.values()) if app.ranks else False)
+        await drawn(pilot)
+        rows = plain(app.query_one(RanksPane)).splitlines()
+        assert [r.split()[:3] for r in rows[1:3]] == [["0", "finished", "39"], ["»1", "finished", "39"]]
+        (alert,) = [a for a in app.state.alerts if a.rule == "straggler"]
+        assert (alert.rank, alert.severity) == (1, "warning")
+        assert "rank 1 makes the other ranks wait" in alert.message
+        await pilot.press("c")
+        assert app.state.pending == {}  # a replay sends nothing

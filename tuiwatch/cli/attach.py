@@ -125,7 +125,8 @@ def _attach_local(target: str | None, ranks: set[int] | None, fps: float) -> int
         sockets = {r.rank or 0: Path(r.socket) for r in found.ranks if ranks is None or r.rank in ranks}
         if not sockets:
             raise TuiwatchError(f"--ranks: none of those ranks of {found.name} is on this host")
-        source = RanksSource(found.name, found.world_size, sockets, find=lambda n, r: find_socket_by_name(n, rank=r))
+        find = lambda n, r: find_socket_by_name(n, rank=r)  # noqa: E731
+        source = RanksSource.on_this_host(found.name, found.world_size, sockets, find)
         return TuiwatchApp(source, fps=fps).run_viewer()
     assert isinstance(found, LiveRun)
     if not Path(found.socket).exists():

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from tuiwatch.analysis.diff import FIELDS, as_text, compare
 from tuiwatch.analysis.format import json_text
 from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.ranks import rank_ledgers
 from tuiwatch.ledger.reader import read_ledger
 
 
@@ -21,7 +23,7 @@ def add_parser(sub: Any) -> None:
         "what it points to. Exit 0 when the common steps agree within tolerance, 1 when they differ or there "
         "are none, 2 on bad input.",
     )
-    p.add_argument("a", metavar="A", help="a ledger.jsonl or run directory")
+    p.add_argument("a", metavar="A", help="a ledger.jsonl, a run directory, or a job directory of several ranks")
     p.add_argument("b", metavar="B", help="another")
     p.add_argument("--rtol", type=float, default=0.0, help="relative tolerance for numbers (default 0: exact)")
     p.add_argument("--atol", type=float, default=0.0, help="absolute tolerance for numbers (default 0)")
@@ -35,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
     if not fields or args.rtol < 0 or args.atol < 0:
         print("tuiwatch: error: --fields needs at least one name and tolerances must be >= 0", file=sys.stderr)
         return 2
+    jobs = rank_ledgers(args.a), rank_ledgers(args.b)
+    if jobs[0] and jobs[1]:
+        return _diff_jobs(jobs[0], jobs[1], args, fields)
     ledgers = []
     for path in (args.a, args.b):
         try:
@@ -55,3 +60,40 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(as_text(found, fields))
     return 0 if found.identical else 1
+
+
+def _diff_jobs(a: dict[int, Path], b: dict[int, Path], args: argparse.Namespace, fields: list[str]) -> int:
+    """Two job directories: rank k against rank k, for the ranks both have; the rank that parts first leads."""
+    common = sorted(set(a) & set(b))
+    if not common:
+        print(f"tuiwatch: error: the jobs share no rank ({sorted(a)} and {sorted(b)})", file=sys.stderr)
+        return 2
+    found = {
+        rank: compare(
+            list(read_ledger(a[rank])), list(read_ledger(b[rank])), rtol=args.rtol, atol=args.atol, fields=fields
+        )
+        for rank in common
+    }
+    differing = [r for r in common if not found[r].identical]
+    # Where the job parts: the rank whose first difference comes at the earliest step.
+    first = min(differing, key=lambda r: _at(found[r]), default=None)
+    only = sorted(set(a) ^ set(b))
+    if args.json:
+        result = {"ranks": {str(r): found[r].as_dict() for r in common}, "first_rank": first, "unmatched": only}
+        print(json_text(result, indent=False))
+    else:
+        if first is None:
+            print(f"the {len(common)} ranks agree on every common step")
+        for rank in [first] if first is not None else []:
+            others = [r for r in differing if r != first]
+            also = f" (also ranks {', '.join(map(str, others))})" if others else ""
+            print(f"rank {rank} parts first{also}:")
+            print(as_text(found[rank], fields))
+        if only:
+            print(f"ranks in one job only: {', '.join(map(str, only))}")
+    return 0 if first is None and not only else 1
+
+
+def _at(found: Any) -> float:
+    step = found.difference.step if found.difference is not None else None
+    return -1.0 if step is None else float(step)

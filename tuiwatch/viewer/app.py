@@ -92,6 +92,7 @@ class TuiwatchApp(App[None]):
         # A job of several ranks: every rank folded beside the lead rank's RunState (the ranks pane).
         self.ranks = RanksState(source.ranks, source.world_size) if isinstance(source, RanksSource) else None
         self._fresh_ranks: set[int] = set()  # ranks (re)connected whose first records have not come yet
+        self._read: dict[int, int] = {}  # a job's replay: percent of each rank's ledger read
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""
@@ -198,13 +199,25 @@ class TuiwatchApp(App[None]):
         self.notify(safe(message.reason), title="not trusted", severity="error", markup=False, timeout=30)
 
     def on_source_ended(self, message: SourceEnded) -> None:
+        if self.ranks is not None and message.rank is not None:
+            self.state.apply_all(self.ranks.disconnected(message.rank))  # a rank's ledger read to its end
+            self._read[message.rank] = 100
+            if message.rank != self.ranks.lead:
+                self._changed()
+                return
         if self.state.live:
             self.state.disconnected()  # the ledger ends without an end record: the run died
         self.loading = None
         self._changed()
 
     def on_source_progress(self, message: SourceProgress) -> None:
-        self.loading = message.percent if message.percent < 100 else None
+        if self.ranks is not None and message.rank is not None:
+            # A job's replay is loading until every rank's ledger is read.
+            self._read[message.rank] = message.percent
+            percent = min(self._read.get(rank, 0) for rank in self.ranks.ranks)
+        else:
+            percent = message.percent
+        self.loading = percent if percent < 100 else None
         self._changed()
 
     def _changed(self) -> None:

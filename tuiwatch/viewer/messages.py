@@ -39,6 +39,10 @@ class SourceDisconnected(Message):
 class SourceEnded(Message):
     """A finite source (a ledger file without --follow) has given everything it has."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.rank: int | None = None
+
 
 class SourceProgress(Message):
     """How much of a ledger file a replay has read: the header shows it until the file is read."""
@@ -46,6 +50,7 @@ class SourceProgress(Message):
     def __init__(self, percent: int) -> None:
         super().__init__()
         self.percent = percent
+        self.rank: int | None = None
 
 
 class SourceUntrusted(Message):

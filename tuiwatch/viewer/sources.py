@@ -16,7 +16,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -196,28 +196,24 @@ class SocketSource:
 
 
 class RanksSource:
-    """The ranks of one job: a :class:`SocketSource` per rank on this host, a :class:`RelaySource` per other
-    host (one ssh carrying all of that host's ranks); every message tagged with its rank.
+    """The ranks of one job, every message tagged with its rank: a source per rank (a :class:`SocketSource`
+    for a rank on this host, a :class:`FileSource` for a replay of a job directory), and a
+    :class:`RelaySource` per other host (one ssh carrying all of that host's ranks).
 
-    Each rank on this host reconnects on its own (a restarted rank is found by its name and rank); one rank
-    or host that goes away or stalls never holds up the others' records.
+    Each rank's source reads on its own thread (a rank on this host reconnects on its own, found again by its
+    name and rank): one rank or host that goes away or stalls never holds up the others' records.
     """
-
-    live = True
 
     def __init__(
         self,
         name: str,
         world_size: int,
-        sockets: dict[int, Path] | None = None,
+        sources: Mapping[int, Source] | None = None,
         relays: Sequence[RelaySource] = (),
-        find: FindRank | None = None,
     ):
         self.name = name
         self.world_size = world_size
-        self.sources = {
-            rank: SocketSource(path, name, _finder(find, rank)) for rank, path in sorted((sockets or {}).items())
-        }
+        self.sources = dict(sorted((sources or {}).items()))
         self.relays = list(relays)
         self._route: dict[int, Callable[[str, int, int | None], bool]] = {r: s.send for r, s in self.sources.items()}
         for relay in self.relays:
@@ -225,6 +221,17 @@ class RanksSource:
                 self._route[rank] = functools.partial(relay.send_to, rank)
         hosts = f" on {len(self.relays) + bool(self.sources)} hosts" if self.relays else ""
         self.label = f"{name}: {len(self._route)} of {world_size} ranks{hosts}"
+        self.live = bool(self.relays) or any(s.live for s in self.sources.values())
+
+    @classmethod
+    def on_this_host(
+        cls, name: str, world_size: int, sockets: Mapping[int, Path], find: FindRank | None = None
+    ) -> RanksSource:
+        return cls(name, world_size, {r: SocketSource(p, name, _finder(find, r)) for r, p in sockets.items()})
+
+    @classmethod
+    def of_job_dir(cls, ledgers: Mapping[int, Path], name: str, world_size: int, follow: bool = False) -> RanksSource:
+        return cls(name, world_size, {rank: FileSource(path, follow=follow) for rank, path in ledgers.items()})
 
     @property
     def ranks(self) -> list[int]:
