@@ -59,6 +59,7 @@ class Checkpoint:
     run_id: str | None = None
     ledger: str | None = None  # the ledger of the run that wrote it: a resumed run links to it
     extra: Any = None  # what the loop put in ``watch.extra_state``
+    replica_of: Path | None = None  # the file of the same step whose model and optimizer states these are
 
 
 def rng_states() -> dict[str, Any]:
@@ -135,6 +136,19 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise TuiwatchError(f"cannot read the checkpoint {p}: {exc}".splitlines()[0]) from None
     if not isinstance(data, dict) or data.get("tuiwatch_checkpoint") != FORMAT:
         raise TuiwatchError(f"{p} is not a tuiwatch checkpoint: give a runs/<run>/checkpoints/step-<N>.pt")
+    replica_of = None
+    if isinstance(data.get("replica_of"), str):
+        # A rank of a DDP job saves its weights once per host: they are in the lowest rank's file of the set.
+        replica_of = (p.parent / data["replica_of"]).resolve()
+        if not replica_of.is_file():
+            raise TuiwatchError(
+                f"{p} shares its weights with {replica_of}, which is missing: restore from a checkpoint set "
+                "taken at one step on every rank (the viewer's c on a job)"
+            )
+        source = load_checkpoint(replica_of)
+        if source.replica_of is not None or source.step != int(data["step"]):
+            raise TuiwatchError(f"{replica_of} is not the weights of {p} (another step): not one checkpoint set")
+        data["model"], data["optimizer"] = source.model, source.optimizer
     return Checkpoint(
         path=p,
         step=int(data["step"]),
@@ -152,6 +166,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         run_id=data.get("run_id"),
         ledger=data.get("ledger"),
         extra=data.get("extra"),
+        replica_of=replica_of,
     )
 
 

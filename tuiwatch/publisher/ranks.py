@@ -15,6 +15,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.publisher.atomic import Directory, modes
@@ -110,3 +111,13 @@ def new_rank_dir(root: Path, name: str, ranks: Ranks) -> Directory:
             return Directory.open(job / candidate, shared)
     finally:
         os.close(shared.fd)
+
+
+def replicated(model: Any, optimizer: Any, world_size: int) -> bool:
+    """Whether every rank of the job holds the same model and optimizer states: a DDP job (the same weights,
+    the same all-reduced gradients) with a torch.optim optimizer. Not FSDP or ZeRO, whose ranks hold shards."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if world_size < 2 or not isinstance(model, DistributedDataParallel):
+        return False
+    return optimizer is None or type(optimizer).__module__.startswith("torch.optim.")

@@ -95,7 +95,10 @@ def checkpoint_state(
     ledger: Path | None,
     epoch_rng: dict[str, Any] | None,
     extra: Any,
+    replica_of: str | None = None,
 ) -> dict[str, Any]:
+    """What a checkpoint holds; with ``replica_of`` (another rank's file of the same step, relative to this
+    one's directory), no model or optimizer state: that file has the same."""
     return {
         "tuiwatch_checkpoint": FORMAT,
         "name": name,
@@ -106,8 +109,9 @@ def checkpoint_state(
         "epoch": max(tracker.epoch, 0),
         "batch_index": tracker.batch_index,
         "opt_steps": tracker.opt_steps,
-        "model": parts.model.state_dict(),
-        "optimizer": parts.optimizer.state_dict() if parts.optimizer is not None else None,
+        "model": {} if replica_of else parts.model.state_dict(),
+        "optimizer": parts.optimizer.state_dict() if parts.optimizer is not None and not replica_of else None,
+        "replica_of": replica_of,
         "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else None,
         "scaler": parts.scaler.state_dict() if parts.scaler is not None else None,
         "rng": rng_states(),

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from tuiwatch.ledger.ranks import rank_ledgers
 from tuiwatch.ledger.records import END_REASONS
 from tuiwatch.publisher import process, resume
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
@@ -30,7 +31,7 @@ from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.hooks import ModelHooks, default_param_norm_every, default_update_norm_every
 from tuiwatch.publisher.loader import iter_with_ids
 from tuiwatch.publisher.pending import EvalState, StepState
-from tuiwatch.publisher.ranks import current_ranks
+from tuiwatch.publisher.ranks import current_ranks, replicated
 from tuiwatch.publisher.run_record import default_name, start_line
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
@@ -156,6 +157,7 @@ class Watch:
             param_norm_every=self.param_norm_every,
         )
         self._hooks.attach()
+        self._replicated = replicated(model, optimizer, self.run_record["world_size"])
         publishing.start(self._commands.on_command, dumps.on_alert, viewer_stall_s=viewer_stall_s)
         socket_error = self.run_record["socket_error"]
         world, first_here = self.run_record["world_size"], self.run_record["local_rank"] == 0
@@ -331,7 +333,20 @@ class Watch:
             ledger=self.ledger_path,
             epoch_rng=self._epoch_rng,
             extra=self.extra_state,
+            replica_of=self._replica_of(),
         )
+
+    def _replica_of(self) -> str | None:
+        """For a rank of a DDP job above its host's lowest: that rank's file of this step, which holds the model
+        and optimizer states every rank has (the same weights, the same gradients after the all-reduce)."""
+        if not self._replicated or self.run_dir is None:
+            return None
+        ranks = rank_ledgers(self.run_dir.parent)
+        lowest = min(ranks, default=None)
+        if lowest is None or lowest >= self.run_record["rank"]:
+            return None
+        target = ranks[lowest].parent / "checkpoints" / f"step-{self._tracker.step}.pt"
+        return os.path.relpath(target, self.run_dir / "checkpoints")
 
     def restore(self, path: str | Path) -> Checkpoint:
         """Load a checkpoint into the model, optimizer, scheduler, scaler and RNGs, and resume the data there.
