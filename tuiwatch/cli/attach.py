@@ -111,7 +111,7 @@ def _attach_local(target: str | None, ranks: set[int] | None, fps: float) -> int
     from tuiwatch.errors import TuiwatchError
     from tuiwatch.viewer.app import TuiwatchApp
     from tuiwatch.viewer.sources import RanksSource, SocketSource
-    from tuiwatch.wire.discovery import LiveJob, LiveRun, find_socket_by_name, resolve_target
+    from tuiwatch.wire.discovery import LiveJob, LiveRun, find_rank_socket, find_socket_by_name, resolve_target
 
     found = resolve_target(target)
     if isinstance(found, list):
@@ -125,8 +125,7 @@ def _attach_local(target: str | None, ranks: set[int] | None, fps: float) -> int
         sockets = {r.rank or 0: Path(r.socket) for r in found.ranks if ranks is None or r.rank in ranks}
         if not sockets:
             raise TuiwatchError(f"--ranks: none of those ranks of {found.name} is on this host")
-        find = lambda n, r: find_socket_by_name(n, rank=r)  # noqa: E731
-        source = RanksSource.on_this_host(found.name, found.world_size, sockets, find)
+        source = RanksSource.on_this_host(found.name, found.world_size, sockets, find_rank_socket)
         return TuiwatchApp(source, fps=fps).run_viewer()
     assert isinstance(found, LiveRun)
     if not Path(found.socket).exists():

@@ -185,8 +185,8 @@ class TuiwatchApp(App[None]):
                 self.state.disconnected()
             self._changed()
             if not ended:
-                self.notify(safe(f"rank {message.rank}: {message.reason}"), title="disconnected", severity="warning",
-                            markup=False)  # fmt: skip
+                reason = safe(f"rank {message.rank}: {message.reason}")
+                self.notify(reason, title="disconnected", severity="warning", markup=False)
             return
         was = self.state.status
         self.state.disconnected()

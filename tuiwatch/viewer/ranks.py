@@ -28,7 +28,6 @@ from tuiwatch.rules.resources import Straggler
 STALE_S = 5.0
 WINDOW = 20  # steps per rank the pane's medians are taken over
 MAX_KEPT_ALERTS = 50  # per rank, to show again when the lead rank's connection starts over
-ENDED = ("finished", "stopped", "failed")
 
 
 @dataclass
@@ -172,13 +171,13 @@ class RanksState:
     def _answer(self, rank: int, r: Record) -> Record | None:
         cmd_id = integer(r.get("id"))
         sent = self._sent.get(cmd_id) if cmd_id is not None else None
-        if sent is None or rank not in sent.waiting:
+        if cmd_id is None or sent is None or rank not in sent.waiting:
             return None  # another viewer's command: its own viewer says how it went
         sent.waiting.discard(rank)
         sent.replies[rank] = r
         if r.get("ok") is True and sent.cmd in ("pause", "resume"):
             self.ranks[rank].paused = sent.cmd == "pause"
-        settled = self._settle(cmd_id) if cmd_id is not None else []
+        settled = self._settle(cmd_id)
         return settled[0] if settled else None
 
     def _settle(self, cmd_id: int) -> list[Record]:

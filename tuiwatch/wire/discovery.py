@@ -193,6 +193,11 @@ def find_socket_by_name(name: str, directory: Path | None = None, rank: int | No
     return Path(max(runs, key=lambda r: r.pid).socket) if runs else None
 
 
+def find_rank_socket(name: str, rank: int) -> Path | None:
+    """The socket of the newest live rank ``rank`` of a job called ``name``: a restarted rank, found again."""
+    return find_socket_by_name(name, rank=rank)
+
+
 # --- another host, through ssh -------------------------------------------------------
 
 DEFAULT_SSH = "ssh"
