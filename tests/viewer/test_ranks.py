@@ -94,6 +94,13 @@ def test_a_rank_with_a_slow_loader_is_named_as_the_one_the_others_wait_for():
     assert view.rows[1].data_wait_s == pytest.approx(0.021)
     assert view.rows[0].backward_s == pytest.approx(0.024)
     assert view.summary is None
+    # Each rank's data wait over steps, a line each, the same steps as its records.
+    assert view.charted == (0, 1)
+    assert view.wait is not None
+    lines = {rank: line.series for rank, line in zip(view.charted, view.wait.lines, strict=True)}
+    assert [line.role for line in view.wait.lines] == ["rank-a", "rank-b"]
+    assert list(lines[1].recent) == [(n, 0.021) for n in range(40)]
+    assert list(lines[0].recent)[-1] == (39, 0.001)
 
 
 def test_a_large_job_is_summarised_with_the_ranks_worth_a_look():
@@ -111,6 +118,19 @@ def test_a_large_job_is_summarised_with_the_ranks_worth_a_look():
     assert shown[17].slowest
     assert view.summary is not None
     assert view.summary.startswith("64 ranks: 1 gone, 63 live; steps 9–9; median step")
+    # The slowest, then the lead, which is also the fastest (the others tie with it); no straggler named.
+    assert view.charted == (17, 0)
+
+
+def test_a_ranks_memory_is_its_device_memory_on_cuda_and_its_rss_off_it():
+    ranks = RanksState([0, 1], 2)
+    ranks.apply(0, [{**run(0), "device": "cuda:0"}, step(0, mem_allocated=1e9), step(1, mem_allocated=2e9)], 0.0)
+    ranks.apply(0, [{"kind": "system", "rss": 5e8}], 0.0)  # not the memory of a CUDA rank
+    ranks.apply(1, [{**run(1), "device": "cpu"}, step(0, mem_allocated=7.0), {"kind": "system", "rss": 3e8}], 0.0)
+    assert list(ranks.ranks[0].memory_series.recent) == [(0, 1e9), (1, 2e9)]
+    assert ranks.ranks[0].memory == 2e9
+    assert list(ranks.ranks[1].memory_series.recent) == [(0, 3e8)]
+    assert ranks.ranks[1].memory == 3e8
 
 
 def test_a_command_to_every_rank_is_answered_once_when_every_rank_has():

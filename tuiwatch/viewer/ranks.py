@@ -22,6 +22,7 @@ from typing import Any
 from tuiwatch.ledger.fields import integer, num
 from tuiwatch.ledger.records import Record
 from tuiwatch.rules.resources import Straggler
+from tuiwatch.viewer.render.series import Series
 
 # A rank that sent nothing for this long (or three of its steps, if longer) is stale: a live run sends a
 # system record every second, every third second while it waits, whatever its step time.
@@ -45,6 +46,10 @@ class RankState:
     backward_s: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     memory: float | None = None  # bytes: the device's allocated memory, else the process's RSS
     alerts: deque[Record] = field(default_factory=lambda: deque(maxlen=MAX_KEPT_ALERTS))
+    # Over steps, for the ranks pane's charts: what differs between ranks (the step time does not under DDP).
+    wait_series: Series = field(default_factory=Series)
+    memory_series: Series = field(default_factory=Series)
+    uses_rss: bool = False  # its memory is the RSS of its system records
 
     def status(self, now: float) -> str:
         if self.end_reason is not None:
@@ -107,12 +112,17 @@ class RanksState:
                     state.host = str(r.get("host") or "") or None
                     state.pid = integer(r.get("pid"))
                     state.end_reason = None
+                    # Off CUDA there is no device memory in its steps: the process's RSS stands for it.
+                    state.uses_rss = not str(r.get("device") or "").startswith("cuda")
                 elif kind == "end":
                     state.end_reason = str(r.get("reason", "finished"))
                     state.paused = False
-                elif kind == "system" and state.memory is None:
+                elif kind == "system" and state.uses_rss:
                     rss = num(r.get("rss"))
-                    state.memory = rss if rss is not None else state.memory
+                    if rss is not None:
+                        state.memory = rss
+                        if state.step is not None:
+                            state.memory_series.add(state.step, rss)
                 if lead:
                     out.append(r)
         return out
@@ -124,12 +134,16 @@ class RanksState:
             state.step_s.append((wait or 0.0) + compute)
         if wait is not None:
             state.data_wait_s.append(wait)
+            if state.step is not None:
+                state.wait_series.add(state.step, wait)
         backward = num(r.get("backward_s"))
         if backward is not None:
             state.backward_s.append(backward)
         mem = num(r.get("mem_allocated"))
-        if mem is not None:
+        if mem is not None and not state.uses_rss:
             state.memory = mem
+            if state.step is not None:
+                state.memory_series.add(state.step, mem)
 
     def _judge(self, rank: int, r: Record) -> list[Record]:
         alert = self.straggler.observe({**r, "rank": rank})

@@ -149,9 +149,13 @@ class RanksView:
     world_size: int
     rows: tuple[RankRow, ...]  # every rank of a small job; of a large one, those worth a look
     summary: str | None  # a large job: counts by status and the spread of steps, instead of a row per rank
+    charted: tuple[int, ...] = ()  # the ranks drawn in the charts, in the order of RANK_ROLES
+    wait: Chart | None = None  # each charted rank's data wait over steps
+    memory: Chart | None = None  # and its memory (device allocated, else RSS)
 
 
 MAX_RANK_ROWS = 8  # more ranks than this are summarised: a 64-rank job is not 64 rows in a side pane
+RANK_ROLES = ("rank-a", "rank-b", "rank-c", "rank-d")  # a colour each: more lines than this are not told apart
 
 
 @dataclass(frozen=True)
@@ -179,11 +183,11 @@ def build_views(
         timing_view(state, window),
         memory_view(state, window),
         AlertsView(tuple(state.alerts)),
-        ranks_view(ranks, now or 0.0) if ranks is not None else None,
+        ranks_view(ranks, now or 0.0, window) if ranks is not None else None,
     )
 
 
-def ranks_view(ranks: RanksState, now: float) -> RanksView:
+def ranks_view(ranks: RanksState, now: float, window: int | None = None) -> RanksView:
     """Each rank's row; a job of more than MAX_RANK_ROWS ranks gets a summary and the rows worth a look (not
     live, the one the others wait for, the slowest and the fastest)."""
     medians = {r: s.median("step_s") for r, s in ranks.ranks.items()}
@@ -208,9 +212,15 @@ def ranks_view(ranks: RanksState, now: float) -> RanksView:
         )
         for rank, s in ranks.ranks.items()
     ]
-    if len(rows) <= MAX_RANK_ROWS:
-        return RanksView(ranks.world_size, tuple(rows), None)
     fastest = min((r for r in medians if medians[r] is not None), key=lambda r: medians[r] or 0.0, default=None)
+    # The lines worth telling apart: the rank the others wait for, the slowest, the lead, the fastest.
+    first = [ranks.waited_for, slowest, ranks.lead, fastest] if len(rows) > len(RANK_ROLES) else list(ranks.ranks)
+    charted = tuple(dict.fromkeys(r for r in first if r is not None))[: len(RANK_ROLES)]
+    drawn = [(ranks.ranks[r], role) for r, role in zip(charted, RANK_ROLES[: len(charted)], strict=True)]
+    wait = Chart(tuple(Line.of(s.wait_series, role) for s, role in drawn), window, unit="s")
+    memory = Chart(tuple(Line.of(s.memory_series, role) for s, role in drawn), window, unit="B")
+    if len(rows) <= MAX_RANK_ROWS:
+        return RanksView(ranks.world_size, tuple(rows), None, charted, wait, memory)
     picked = [r for r in rows if r.status != "live" or r.waited_for or r.slowest]
     picked += [r for r in rows if r.rank == fastest and r not in picked]
     counts: dict[str, int] = {}
@@ -220,7 +230,7 @@ def ranks_view(ranks: RanksState, now: float) -> RanksView:
     spread = f"; steps {min(steps)}–{max(steps)}" if steps else ""
     timing = f"; median step {typical * 1000:.1f} ms" if typical is not None else ""
     summary = f"{len(rows)} ranks: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + spread + timing
-    return RanksView(ranks.world_size, tuple(picked[: MAX_RANK_ROWS - 1]), summary)
+    return RanksView(ranks.world_size, tuple(picked[: MAX_RANK_ROWS - 1]), summary, charted, wait, memory)
 
 
 def header_view(state: RunState, now: float | None, mode: str, loading: int | None = None) -> HeaderView:

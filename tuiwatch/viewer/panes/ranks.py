@@ -12,7 +12,9 @@ from textual.reactive import reactive
 
 from tuiwatch.analysis.format import safe, size
 from tuiwatch.viewer.panes.base import Pane
-from tuiwatch.viewer.views import RankRow, RanksView
+from tuiwatch.viewer.views import RANK_ROLES, RankRow, RanksView
+
+CHART_ROWS = 6  # a per-rank chart: 5 rows of dots and the step axis
 
 
 def _ms(value: float | None) -> str:
@@ -52,7 +54,13 @@ def columns_for(width: int) -> tuple[Column, ...]:
 
 
 class RanksPane(Pane):
-    COMPONENT_CLASSES = {"pane--dim", "pane--critical", "pane--warning", "pane--rule"}
+    COMPONENT_CLASSES = {
+        "pane--dim",
+        "pane--critical",
+        "pane--warning",
+        "pane--rule",
+        *(f"pane--{r}" for r in RANK_ROLES),
+    }
     view: reactive[RanksView | None] = reactive(None)
 
     def __init__(self) -> None:
@@ -79,5 +87,16 @@ class RanksPane(Pane):
                 line.append(cell, style=self.style_of(role) if role else "")
             lines.append(line)
         if any(r.waited_for for r in v.rows):
-            lines.append(Text("» the others wait for it at the sync (straggler)", style=dim, no_wrap=True))
+            lines.append(Text("» the others wait for it (straggler)", style=dim, no_wrap=True))
+        # Below the table, what differs between ranks over steps, as far as the pane has room.
+        room = self.content_region.height - len(lines)
+        for title, chart in (("data wait", v.wait), ("memory", v.memory)):
+            if chart is None or room < CHART_ROWS + 1:
+                break
+            legend = Text(f"{title} by rank ", style=dim, no_wrap=True, overflow="crop")
+            for rank, role in zip(v.charted, RANK_ROLES[: len(v.charted)], strict=True):
+                legend.append(f"■{rank} ", style=self.style_of(role))
+            lines.append(legend)
+            lines += self.draw(chart, self.content_region.width, CHART_ROWS)
+            room -= CHART_ROWS + 1
         return Group(*lines)
