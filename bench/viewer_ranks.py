@@ -20,6 +20,7 @@ import os
 import statistics
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,18 @@ def fold_cost(ranks: int, steps: int) -> tuple[float, float]:
     return job_s / n * 1e6, one_s / n * 1e6
 
 
+def memory_of(ranks: int, steps: int) -> float:
+    """MiB a job's fold holds after ``steps`` steps of every rank (its per-rank series are bounded)."""
+    tracemalloc.start()
+    job = RanksState(range(ranks), ranks)
+    for start in range(0, steps, 500):
+        for rank in range(ranks):
+            job.apply(rank, [step(n, rank) for n in range(start, start + 500)], 0.0)
+    held = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return held / (1 << 20)
+
+
 def view_cost(ranks: int, rounds: int = 200) -> float:
     job = RanksState(range(ranks), ranks)
     for rank in range(ranks):
@@ -122,6 +135,8 @@ def main() -> None:
         one = statistics.median(r[1] for r in rounds)
         print(f"| {ranks} | {job:.2f} | {one:.2f} | {job / one:.2f}× |")
     print(f"\nranks pane view of 64 ranks (summary and outliers): {view_cost(64):.0f} µs a redraw")
+    for steps in (2_000, 20_000):
+        print(f"the fold of 64 ranks after {steps:,} steps each holds {memory_of(64, steps):.1f} MiB")
     with tempfile.TemporaryDirectory() as tmp:
         job, single = write_job(Path(tmp), 8, 5000)
         rows = []
