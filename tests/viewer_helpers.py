@@ -13,6 +13,7 @@ from textual.pilot import Pilot
 
 from tuiwatch.viewer.app import TuiwatchApp
 from tuiwatch.viewer.panes.base import Pane
+from tuiwatch.viewer.ranks import RanksState
 
 FIXED_NOW = 1_796_230_000.0
 
@@ -64,3 +65,11 @@ async def drawn(pilot: Pilot[Any]) -> None:
     assert isinstance(app, TuiwatchApp)
     app.redraw(force=True)
     await pilot.pause()
+
+
+async def ranks_stepping(pilot: Pilot[Any], app: TuiwatchApp, past: int = 5) -> RanksState:
+    """A job's viewer once every rank has shown steps past ``past``: its RanksState."""
+    ranks = app.ranks
+    assert ranks is not None
+    await until(pilot, lambda: all((s.step or 0) > past for s in ranks.ranks.values()), 60, "every rank's steps")
+    return ranks

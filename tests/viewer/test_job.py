@@ -21,7 +21,7 @@ from tuiwatch.viewer.sources import RanksSource
 from tuiwatch.wire.discovery import LiveJob, group_jobs, list_live_runs
 
 from ..helpers import SCRIPTS, STARTED, env_for, wait_until
-from ..viewer_helpers import RecordingApp, drawn, plain, until
+from ..viewer_helpers import RecordingApp, drawn, plain, ranks_stepping, until
 
 pytestmark = pytest.mark.integration
 
@@ -42,6 +42,12 @@ def live_job(socket_dir: Path) -> LiveJob | None:
     return job if isinstance(job, LiveJob) and len(job.ranks) == 2 else None
 
 
+def viewer_of(job: LiveJob) -> RecordingApp:
+    return RecordingApp(
+        RanksSource.on_this_host(job.name, job.world_size, {r.rank or 0: Path(r.socket) for r in job.ranks})
+    )
+
+
 async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_every_rank_at_one_step(
     tmp_path: Path, socket_dir: Path
 ):
@@ -57,12 +63,9 @@ async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_
     assert "ranks 2/2" in rows[1]
     assert ",".join(str(r.pid) for r in job.ranks) in rows[1]
 
-    source = RanksSource.on_this_host(job.name, job.world_size, {r.rank or 0: Path(r.socket) for r in job.ranks})
-    app = RecordingApp(source)
+    app = viewer_of(job)
     async with app.run_test(size=(140, 40)) as pilot:
-        ranks = app.ranks
-        assert ranks is not None
-        await until(pilot, lambda: all((s.step or 0) > 5 for s in ranks.ranks.values()), 60, "both ranks' steps")
+        ranks = await ranks_stepping(pilot, app)
         await drawn(pilot)
         pane = plain(app.query_one(RanksPane)).splitlines()
         # 140 columns: the side column has room for these; a wider terminal adds memory and host.
@@ -116,12 +119,9 @@ async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_
 async def test_a_rank_killed_mid_run_is_shown_gone_and_leaves_a_clean_ledger(tmp_path: Path, socket_dir: Path):
     proc = start_job(tmp_path / "runs", socket_dir)
     job = wait_until(lambda: live_job(socket_dir), timeout=60, what="both ranks listening")
-    source = RanksSource.on_this_host(job.name, job.world_size, {r.rank or 0: Path(r.socket) for r in job.ranks})
-    app = RecordingApp(source)
+    app = viewer_of(job)
     async with app.run_test(size=(160, 40)) as pilot:
-        ranks = app.ranks
-        assert ranks is not None
-        await until(pilot, lambda: all((s.step or 0) > 5 for s in ranks.ranks.values()), 60, "both ranks' steps")
+        ranks = await ranks_stepping(pilot, app)
         os.kill(job.ranks[1].pid, signal.SIGKILL)
         await until(pilot, lambda: ranks.ranks[1].status(time.time()) == "gone", 30, "rank 1 shown gone")
         await drawn(pilot)

@@ -23,7 +23,7 @@ from tuiwatch.wire.discovery import parse_remote
 
 from ..helpers import SCRIPTS, env_for, wait_until
 from ..ssh_helpers import TwoHosts, free_port
-from ..viewer_helpers import RecordingApp, drawn, plain, until
+from ..viewer_helpers import RecordingApp, drawn, plain, ranks_stepping, until
 
 pytestmark = pytest.mark.integration
 
@@ -66,9 +66,7 @@ async def test_one_job_on_two_hosts_is_one_view_and_a_silent_host_shows_stale(tm
         assert [relay.host for relay in source.relays] == ["h1", "h2"]
         app = RecordingApp(source)
         async with app.run_test(size=(200, 40)) as pilot:
-            ranks = app.ranks
-            assert ranks is not None
-            await until(pilot, lambda: all((s.step or 0) > 5 for s in ranks.ranks.values()), 60, "both hosts' steps")
+            ranks = await ranks_stepping(pilot, app)
             await drawn(pilot)
             rows = plain(app.query_one(RanksPane)).splitlines()
             assert [row.split()[:2] for row in rows[1:3]] == [["0", "live"], ["1", "live"]]

@@ -346,20 +346,10 @@ class RelaySource:
             _tagging(post, rank)(SourceDisconnected(f"{self.host}: {reason}"))
 
     def send_to(self, rank: int, cmd: str, cmd_id: int, at: int | None = None) -> bool:
-        proc = self._proc
-        if proc is None or proc.stdin is None:
-            return False
-        with self._lock:
-            try:
-                proc.stdin.write(command_line(cmd, cmd_id, at, rank))
-                proc.stdin.flush()
-            except OSError:
-                return False
-        return True
+        return _to_stdin(self._proc, self._lock, command_line(cmd, cmd_id, at, rank))
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
+        _terminate(self._proc)
 
 
 FindRank = Callable[[str, int], Path | None]
@@ -501,17 +491,25 @@ class CommandSource:
         post(SourceDisconnected(reason))
 
     def send(self, cmd: str, cmd_id: int, at: int | None = None) -> bool:
-        proc = self._proc
-        if proc is None or proc.stdin is None:
-            return False
-        with self._lock:
-            try:
-                proc.stdin.write(command_line(cmd, cmd_id, at))
-                proc.stdin.flush()
-            except OSError:
-                return False
-        return True
+        return _to_stdin(self._proc, self._lock, command_line(cmd, cmd_id, at))
 
     def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
+        _terminate(self._proc)
+
+
+def _to_stdin(proc: subprocess.Popen[bytes] | None, lock: threading.Lock, line: bytes) -> bool:
+    """A command line to a relay's stdin; whether it was written."""
+    if proc is None or proc.stdin is None:
+        return False
+    with lock:
+        try:
+            proc.stdin.write(line)
+            proc.stdin.flush()
+        except OSError:
+            return False
+    return True
+
+
+def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
