@@ -50,6 +50,7 @@ class RankState:
     wait_series: Series = field(default_factory=Series)
     memory_series: Series = field(default_factory=Series)
     uses_rss: bool = False  # its memory is the RSS of its system records
+    thinned: int = 0  # step records its host's relay left out (a rank faster than a viewer needs)
 
     def status(self, now: float) -> str:
         if self.end_reason is not None:
@@ -117,6 +118,8 @@ class RanksState:
                 elif kind == "end":
                     state.end_reason = str(r.get("reason", "finished"))
                     state.paused = False
+                elif kind == "relay":
+                    state.thinned += integer(r.get("thinned")) or 0
                 elif kind == "system" and state.uses_rss:
                     rss = num(r.get("rss"))
                     if rss is not None:

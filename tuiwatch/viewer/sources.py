@@ -331,6 +331,8 @@ class RelaySource:
                     if type(labelled) is not int:
                         continue  # the relay's first line: what it serves (known from ls already)
                     current = labelled
+                    if "thinned" in record and labelled in open_ranks:
+                        pending.setdefault(labelled, []).append(record)  # said in the ranks pane
                     if "closed" in record and labelled in open_ranks:
                         flush()
                         open_ranks.discard(labelled)

@@ -142,6 +142,7 @@ class RankRow:
     status: str  # live, stale, gone, paused, connecting, finished, stopped, failed
     waited_for: bool  # the straggler rule names it: the others wait for it
     slowest: bool
+    thinned: int = 0  # step records the relay left out: its rows and charts are of the others
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,7 @@ def ranks_view(ranks: RanksState, now: float, window: int | None = None) -> Rank
             s.status(now),
             rank == ranks.waited_for,
             rank == slowest,
+            s.thinned,
         )
         for rank, s in ranks.ranks.items()
     ]

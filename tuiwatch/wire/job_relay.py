@@ -8,7 +8,10 @@ starts with ``{"kind": "relay", "name": ..., "run_id": ..., "world_size": ...,
 "closed": REASON}`` when a rank's stream ends. A command line from the viewer
 goes to the rank its ``"rank"`` names, or to every rank without one (a run
 ignores the field). Nothing is parsed but the command lines' ``rank``: the
-records pass through as the ranks wrote them.
+records pass through as the ranks wrote them, except that a rank writing more
+than :data:`MAX_STEPS_PER_S` step records a second has the rest of that second's
+step records left out, and the count said once a second:
+``{"kind": "relay", "rank": k, "thinned": N}``. Every other record passes.
 """
 
 from __future__ import annotations
@@ -17,12 +20,50 @@ import contextlib
 import os
 import selectors
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.codec import DecodeError, decode, encode
 from tuiwatch.wire.discovery import LiveJob
 from tuiwatch.wire.protocol import MAX_LINE_BYTES, LineSplitter, ProtocolError, connect
+
+# More step records a second than a viewer can show for one rank (it draws at most a few frames a second, and
+# 1,000 points per chart window): beyond it, one ssh carrying 8 fast ranks would carry megabytes a second.
+MAX_STEPS_PER_S = 500
+STEP_LINE = b'{"kind":"step"'  # how the ledger's codec starts a step record: the kind is its first key
+
+
+class Thinning:
+    """Per rank, at most ``limit`` step records a second pass; the others are counted, and said once a
+    second."""
+
+    def __init__(self, limit: int = MAX_STEPS_PER_S, clock: Callable[[], float] = time.monotonic):
+        self.limit, self.clock = limit, clock
+        self.started: dict[int, float] = {}
+        self.passed: dict[int, int] = {}
+        self.dropped: dict[int, int] = {}
+
+    def lines(self, rank: int, whole: bytes) -> tuple[bytes, int]:
+        """What of ``whole`` (complete lines) to pass on, and how many step records a window that just
+        closed left out (0: none)."""
+        now, said = self.clock(), 0
+        if now - self.started.get(rank, -1e9) >= 1.0:
+            said, self.started[rank], self.passed[rank], self.dropped[rank] = self.dropped.get(rank, 0), now, 0, 0
+        steps = whole.count(b"\n" + STEP_LINE) + whole.startswith(STEP_LINE)
+        if self.passed[rank] + steps <= self.limit:
+            self.passed[rank] += steps  # the usual case: nothing parsed, nothing copied
+            return whole, said
+        kept = []
+        for line in whole.splitlines(keepends=True):
+            if line.startswith(STEP_LINE):
+                if self.passed[rank] >= self.limit:
+                    self.dropped[rank] += 1
+                    continue
+                self.passed[rank] += 1
+            kept.append(line)
+        return b"".join(kept), said
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -47,6 +88,10 @@ class _Out:
             self.rank = rank
             data = label(rank=rank) + data
         write_all(self.fd, data)
+
+    def thinned(self, rank: int, count: int) -> None:
+        self.rank = None
+        write_all(self.fd, label(rank=rank, thinned=count))
 
     def closed(self, rank: int, reason: str) -> None:
         self.rank = None
@@ -75,6 +120,7 @@ def relay_job(job: LiveJob, stdin: int, stdout: int) -> int:
         partial[rank] = b""
     selector.register(stdin, selectors.EVENT_READ, None)
     commands = LineSplitter(MAX_LINE_BYTES)
+    thinning = Thinning()
     try:
         while socks:
             for key, _ in selector.select():
@@ -95,6 +141,9 @@ def relay_job(job: LiveJob, stdin: int, stdout: int) -> int:
                 data = partial[rank] + data
                 cut = data.rfind(b"\n") + 1
                 whole, partial[rank] = data[:cut], data[cut:]
+                whole, left_out = thinning.lines(rank, whole)
+                if left_out:
+                    out.thinned(rank, left_out)
                 if whole:
                     out.lines(rank, whole)
         return 0

@@ -13,6 +13,7 @@ from textual.reactive import reactive
 from tuiwatch.analysis.format import safe, size
 from tuiwatch.viewer.panes.base import Pane
 from tuiwatch.viewer.views import RANK_ROLES, RankRow, RanksView
+from tuiwatch.wire.job_relay import MAX_STEPS_PER_S
 
 CHART_ROWS = 6  # a per-rank chart: 5 rows of dots and the step axis
 
@@ -88,6 +89,11 @@ class RanksPane(Pane):
             lines.append(line)
         if any(r.waited_for for r in v.rows):
             lines.append(Text("» the others wait for it (straggler)", style=dim, no_wrap=True))
+        thinned = [r for r in v.rows if r.thinned]
+        if thinned:
+            which = ", ".join(f"{r.rank} ({r.thinned:,})" for r in thinned)
+            said = f"steps left out by the relay (over {MAX_STEPS_PER_S}/s): rank {which}"
+            lines.append(Text(said, style=dim, no_wrap=True, overflow="ellipsis"))
         # Below the table, what differs between ranks over steps, as far as the pane has room.
         room = self.content_region.height - len(lines)
         for title, chart in (("data wait", v.wait), ("memory", v.memory)):
