@@ -15,12 +15,13 @@ import pytest
 
 from tuiwatch.ledger.ranks import rank_ledgers
 from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.viewer.app import APART_PAUSE
 from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
 from tuiwatch.viewer.sources import RanksSource
 from tuiwatch.wire.discovery import LiveJob, group_jobs, list_live_runs
 
-from ..helpers import SCRIPTS, STARTED, env_for, wait_until
+from ..helpers import SCRIPTS, STARTED, env_for, start_training, wait_until
 from ..viewer_helpers import RecordingApp, drawn, plain, ranks_stepping, until
 
 pytestmark = pytest.mark.integration
@@ -138,3 +139,36 @@ async def test_a_rank_killed_mid_run_is_shown_gone_and_leaves_a_clean_ledger(tmp
     lines = [orjson.loads(line) for line in killed.splitlines()]  # every line whole: a clean prefix
     assert lines[0]["kind"] == "run"
     assert "end" not in {r["kind"] for r in lines}
+
+
+async def test_ranks_that_pause_at_different_steps_are_resumed_at_once(tmp_path: Path, socket_dir: Path):
+    # Two processes that say they are ranks 0 and 1 of one job (torchrun's variables), stepping at different
+    # speeds and never synchronising: a command that reaches them after its step runs at each one's next
+    # boundary, at different steps, as it would on a DDP job whose records reached the viewer late.
+    procs = []
+    for rank, pace in ((0, "0.005"), (1, "0.02")):
+        with pytest.MonkeyPatch.context() as env:
+            for key, value in (("RANK", rank), ("LOCAL_RANK", rank), ("WORLD_SIZE", 2)):
+                env.setenv(key, str(value))
+            env.setenv("TORCHELASTIC_RUN_ID", "apart")
+            args = ("--name", "apart", "--steps", "100000", "--step-sleep", pace)
+            procs.append(start_training(tmp_path / "runs", socket_dir, *args))
+    job = wait_until(lambda: live_job(socket_dir), timeout=60, what="both ranks listening")
+    app = viewer_of(job)
+    async with app.run_test(size=(140, 40)) as pilot:
+        ranks = await ranks_stepping(pilot, app, past=40)
+        for state in ranks.ranks.values():
+            state.step = 1  # the viewer's view of the ranks is late: the step it picks is behind both
+        await pilot.press("p")
+        await until(pilot, lambda: any("NOT at one step" in n for n in app.notes), 30, "the pause, apart")
+        assert APART_PAUSE in app.notes
+        await until(pilot, lambda: any("resume done" in n for n in app.notes), 30, "the resume of both ranks")
+        assert app.state.status == "live"
+        held = {rank: s.step or 0 for rank, s in ranks.ranks.items()}
+        await until(pilot, lambda: all((s.step or 0) > held[r] + 2 for r, s in ranks.ranks.items()), 30)
+    for proc in procs:
+        proc.kill()
+        proc.wait(10)
+    (job_dir,) = (tmp_path / "runs").iterdir()
+    for path in rank_ledgers(job_dir).values():
+        assert [r["action"] for r in read_ledger(path) if r["kind"] == "action"] == ["pause", "resume"]

@@ -46,6 +46,10 @@ COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiw
 # memory is in the ranks pane).
 MEMORY_WITH_RANKS_ROWS = 34
 READ_ONLY = "replay is read-only: commands need a live run (tuiwatch attach)"
+APART_PAUSE = (
+    "the ranks paused at different steps: resuming them now (the rank ahead would wait in a collective "
+    "until the process group's timeout ended the job); press p again"
+)
 COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
 
 
@@ -167,6 +171,11 @@ class TuiwatchApp(App[None]):
             text = describe_action(r, str(r.get("action")))
             severity: SeverityLevel = "error" if not r.get("ok") else "warning" if r.get("apart") else "information"
             self.notify(safe(text), severity=severity, markup=False)
+            if r.get("action") == "pause" and r.get("ok") and r.get("apart"):
+                # The rank ahead would wait inside the next collective for the others until the process group's
+                # timeout ended the job: a pause that is not at one step is undone at once.
+                self.notify(APART_PAUSE, severity="warning", markup=False, timeout=15)
+                self._send("resume")
 
     def on_source_connected(self, message: SourceConnected) -> None:
         if self.ranks is not None and message.rank is not None:
