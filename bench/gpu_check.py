@@ -99,6 +99,16 @@ def sync_free(run_dir: Path, device: torch.device) -> None:
         isinstance(g, float) and math.isclose(g, e, rel_tol=1e-6) for g, e in zip(got, expected, strict=True)
     )
     check("2 deferred losses equal the loop's", same, f"{len(got)} steps, first {got[:2]} vs {expected[:2]}")
+    phased = all(
+        isinstance(s.get(k), float) and s[k] > 0 for s in steps for k in ("forward_s", "backward_s", "optimizer_s")
+    ) and all(s["forward_s"] + s["backward_s"] + s["optimizer_s"] <= s["compute_s"] + 1e-6 for s in steps)
+    first = steps[-1] if steps else {}
+    check(
+        "2 phases from CUDA events, within compute_s",
+        phased,
+        f"last: forward {first.get('forward_s')}, backward {first.get('backward_s')}, "
+        f"optimizer {first.get('optimizer_s')}, compute {first.get('compute_s')}",
+    )
     finite = all(s["finite"]["forward"] is True and s["finite"]["grad"] is True for s in steps)
     check("2 finiteness and grad norms resolved", finite and all(s["grad_norm"] for s in steps))
     mem = all(

@@ -69,6 +69,26 @@ def test_a_step_waits_for_its_end_event_and_takes_the_device_time_from_it():
     assert record["data_wait_s"] == 0.010
 
 
+def test_on_cuda_a_steps_phases_are_the_device_times_between_its_events():
+    # The host launched the forward in 1 ms, waited 0.5 ms to launch the optimizer; on the device the backward
+    # (with a rank's wait at the all-reduce) took 30 ms: the events say so, the host clock cannot.
+    s = StepState(step=0, started=0.0)
+    s.forwards, s.forward_end, s.opt_start, s.opt_end = 1, 0.001, 0.0015, 0.002
+    s.device_start, s.forward_mark = StreamEvent(100.0, done=True), StreamEvent(104.0, done=True)
+    s.opt_start_mark, s.opt_end_mark = StreamEvent(134.0, done=True), StreamEvent(136.0, done=True)
+    end = StreamEvent(137.0)
+    s.compute_s = PendingDuration(s.device_start, end, host_s=0.002)
+    assert not s.ready()  # the step's end event, recorded after the phases' on the same stream
+    end.done = True
+    record = s.build()
+    phases = [record["forward_s"], record["backward_s"], record["optimizer_s"]]
+    assert phases == pytest.approx([0.004, 0.030, 0.002])
+    assert record["compute_s"] == pytest.approx(0.037)
+    # Without the events (a step not measured on the device), the host's times.
+    s.forward_mark = None
+    assert s.phases() == {"forward_s": 0.001, "backward_s": pytest.approx(0.0005), "optimizer_s": pytest.approx(0.0005)}
+
+
 def test_unreadable_events_fall_back_to_the_host_time():
     start, end = StreamEvent(0.0, done=True), StreamEvent(5.0, done=True)
     start.done = False  # e.g. a stream captured into a CUDA graph: elapsed_time raises
@@ -120,7 +140,10 @@ def test_on_cuda_compute_time_comes_from_events(run_root: Path, socket_dir: Path
     watch.close()
     run, *rest = list(read_ledger(ledger_file(run_root)))
     assert run["mem_total"] == torch.cuda.get_device_properties(0).total_memory
-    assert all(r["compute_s"] > 0 and r["mem_allocated"] > 0 for r in rest if r["kind"] == "step")
+    steps = [r for r in rest if r["kind"] == "step"]
+    assert all(r["compute_s"] > 0 and r["mem_allocated"] > 0 for r in steps)
+    phases = [(r["forward_s"], r["backward_s"], r["optimizer_s"], r["compute_s"]) for r in steps]
+    assert all(f > 0 and b > 0 and o > 0 and f + b + o <= c + 1e-6 for f, b, o, c in phases), phases
 
 
 class StandInNvml:

@@ -27,7 +27,7 @@ import torch
 
 from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
-from tuiwatch.publisher.deferred import defer, defer_tensor
+from tuiwatch.publisher.deferred import defer, defer_tensor, device_mark
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.measure import class_count, finiteness_probe, first_tensor, total_norm
 from tuiwatch.publisher.optimizers import inner_optimizer
@@ -183,6 +183,8 @@ class ModelHooks:
             return
         s = tracker.current()
         s.opt_start = time.perf_counter()
+        if s.device_start is not None:
+            s.opt_start_mark = device_mark()
         params = self.params()
         measured = tracker.measured(s)
         checking = self.checking
@@ -202,6 +204,8 @@ class ModelHooks:
         if tracker.off or s is None:
             return
         s.opt_end = time.perf_counter()
+        if s.device_start is not None:
+            s.opt_end_mark = device_mark()
         s.lr = [defer(g["lr"]) if isinstance(g["lr"], torch.Tensor) else g["lr"] for g in optimizer.param_groups]
         if s.opt_skipped:
             return
@@ -265,6 +269,8 @@ class ModelHooks:
         s.forwards += 1
         if s.forwards == 1:
             s.forward_end = time.perf_counter()
+            if s.device_start is not None:
+                s.forward_mark = device_mark()
         if s.forward_probe is not None or not tracker.measured(s):
             return
         out = first_tensor(output)

@@ -14,7 +14,7 @@ from array import array
 from typing import Any, NamedTuple, cast
 
 from tuiwatch.ledger.records import Record, StepRecord
-from tuiwatch.publisher.deferred import any_made, is_ready, resolve
+from tuiwatch.publisher.deferred import PendingDuration, any_made, is_ready, resolve
 from tuiwatch.publisher.measure import BatchInfo
 
 # A step record carries at most this many sample ids: a batch of 200,000 made 1.3 MB lines that no viewer
@@ -82,6 +82,10 @@ class StepState:
     forward_end: float | None = None
     opt_start: float | None = None
     opt_end: float | None = None
+    # On CUDA (a step with ``device_start``): timing events recorded at the same three moments, on the stream
+    forward_mark: Any = None
+    opt_start_mark: Any = None
+    opt_end_mark: Any = None
 
     def __init__(self, step: int, started: float):
         self.step = step
@@ -104,20 +108,32 @@ class StepState:
     def batches(self) -> list[BatchInfo]:
         return [] if self.batch is None else [self.batch, *self.folded] if self.folded else [self.batch]
 
-    def phases(self) -> dict[str, float | None]:
-        """Host seconds of the step's phases, when it had one forward and one optimizer step.
+    def phases(self) -> dict[str, Any]:
+        """Seconds of the step's phases, when it had one forward and one optimizer step.
 
         ``backward_s`` runs from the forward's return to the optimizer: under DDP
         it holds the wait at the gradient all-reduce, which is how the rank
-        that made the others wait is told from them (docs/distributed.md).
+        that made the others wait is told from them (docs/distributed.md). On
+        the CPU they are host times. On CUDA the host only launches kernels (the
+        all-reduce wait happens on the device's stream), so they are read from
+        timing events recorded at the same moments, once completed: no sync.
         """
         end, start, stop = self.forward_end, self.opt_start, self.opt_end
         if self.forwards != 1 or end is None or start is None or stop is None or self.micro_batches > 1:
             return _no_phases()
-        return {
+        host = {
             "forward_s": max(end - self.started, 0.0),
             "backward_s": max(start - end, 0.0),
             "optimizer_s": max(stop - start, 0.0),
+        }
+        marks = (self.device_start, self.forward_mark, self.opt_start_mark, self.opt_end_mark)
+        if any(mark is None for mark in marks):
+            return host
+        # The step's end event (compute_s) is recorded after these on the same stream: when it is ready, so are
+        # they, and build() runs only then.
+        return {
+            name: _number(PendingDuration(marks[i], marks[i + 1], host[name]))
+            for i, name in enumerate(("forward_s", "backward_s", "optimizer_s"))
         }
 
     def build(self) -> StepRecord:
