@@ -10,6 +10,7 @@ import pytest
 
 from tuiwatch.cli.replay import replay_source
 from tuiwatch.ledger.records import Record
+from tuiwatch.viewer.panes.header import HeaderBar
 from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.ranks import STALE_S, RanksState
 from tuiwatch.viewer.sources import RanksSource
@@ -224,6 +225,8 @@ async def test_replay_of_a_job_directory_shows_every_rank_and_the_straggler(tmp_
         await drawn(pilot)
         rows = plain(app.query_one(RanksPane)).splitlines()
         assert [r.split()[:3] for r in rows[1:3]] == [["0", "finished", "39"], ["»1", "finished", "39"]]
+        header = app.query_one(HeaderBar).render().plain
+        assert "ddp@h0  2 ranks  step 39" in header
         (alert,) = [a for a in app.state.alerts if a.rule == "straggler"]
         assert (alert.rank, alert.severity) == (1, "warning")
         assert "rank 1 makes the other ranks wait" in alert.message

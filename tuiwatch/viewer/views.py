@@ -8,6 +8,7 @@ field is read here, through :mod:`tuiwatch.ledger.fields`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,7 @@ class HeaderView:
     loading: int | None = None  # a replay still being read: percent of the ledger read
     alert: Alert | None = None  # the newest warning or critical: shown even where the alerts pane is not
     alerts: int = 0  # warnings and criticals so far
+    ranks: str | None = None  # a job: "2 ranks" (or "6 of 8 ranks" where only some are attached); the rest is rank 0's
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,13 @@ def build_views(
     loading: int | None = None,
     ranks: RanksState | None = None,
 ) -> Views:
+    header = header_view(state, now, mode, loading)
+    if ranks is not None:
+        shown = len(ranks.ranks)
+        of = f"{shown} ranks" if shown == ranks.world_size else f"{shown} of {ranks.world_size} ranks"
+        header = dataclasses.replace(header, ranks=of)
     return Views(
-        header_view(state, now, mode, loading),
+        header,
         training_view(state, window),
         timing_view(state, window),
         memory_view(state, window),

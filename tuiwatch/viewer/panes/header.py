@@ -60,11 +60,12 @@ class HeaderBar(Widget):
             title,
             [(f" {safe(v.name, 40)}", self.style_of("name"))],
             [(f"@{safe(v.host, 30)}", dim)] if v.host else [],
+            [(f"  {v.ranks}", self.style_of("name"))] if v.ranks else [],
             [(f"  step {'-' if v.step is None else f'{v.step:,}'}", "")],
             [(f"  epoch {'-' if v.epoch is None else v.epoch}", "")],
             [(f"  {duration(v.elapsed_s)}", "")],
             [("  ", ""), (f"● {status}", self.style_of(colour) if colour in STATUSES else "")],
             [(f"  [{v.mode}]", dim)] if v.mode != "live" else [],
             alert,
-            rank=(0, 2, 8, 3, 6, 5, 1, 7, 4),
+            rank=(0, 2, 9, 5, 3, 7, 6, 1, 8, 4),
         )
