@@ -51,6 +51,18 @@ async def test_a_command_speaking_the_wire_protocol_feeds_the_viewer():
         assert app.state.step == 149
 
 
+async def test_a_commands_records_are_shown_without_waiting_for_more_bytes():
+    # One run record, then silence: the record must reach the viewer while the command still runs.
+    record = line({"kind": "run", "t": 1.0, "name": "quiet", "run_id": "q"}).decode().strip()
+    argv = [sys.executable, "-c", f"import sys, time; print({record!r}, flush=True); time.sleep(60)"]
+    source = CommandSource(argv, label="relay")
+    app = RecordingApp(source, clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state.name == "quiet", 30, "the record before the command ends")
+        assert source._proc is not None
+        assert source._proc.poll() is None  # still running: nothing after it pushed it out
+
+
 async def test_a_failing_command_says_why():
     argv = [
         sys.executable,

@@ -478,6 +478,10 @@ class CommandSource:
         reason = "the relay ended"
         try:
             while True:
+                # A batch waits at most BATCH_S, also when no further byte comes to push it out.
+                if not select.select([out.fileno()], [], [], BATCH_S)[0]:
+                    batcher.flush(force=True)
+                    continue
                 data = os.read(out.fileno(), 1 << 16)
                 if not data:
                     break
