@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import STARTED
+from .helpers import STARTED, kill_tree
 from .ssh_helpers import Sshd, TwoHosts, ssh_command, start_sshd
 
 
@@ -21,8 +21,7 @@ def no_training_left_behind() -> Iterator[None]:
     while STARTED:
         proc = STARTED.pop()
         if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+            kill_tree(proc)
 
 
 @pytest.fixture

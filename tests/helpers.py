@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -10,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+import psutil
 
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.records import Record
@@ -54,6 +57,18 @@ def start_training(run_root: Path, socket_dir: Path, *args: str, truth: Path | N
     proc = subprocess.Popen(cmd, env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     STARTED.append(proc)
     return proc
+
+
+def kill_tree(proc: subprocess.Popen[str]) -> None:
+    """Kill ``proc`` and every process under it (torchrun's ranks outlive a killed launcher), then reap it."""
+    try:
+        tree = [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.wait(30)
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 60.0) -> tuple[str, str]:

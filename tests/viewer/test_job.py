@@ -21,15 +21,15 @@ from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
 from tuiwatch.viewer.sources import RanksSource
 from tuiwatch.wire.discovery import LiveJob, group_jobs, list_live_runs
 
-from ..helpers import SCRIPTS, STARTED, env_for, start_training, wait_until
+from ..helpers import SCRIPTS, STARTED, env_for, kill_tree, start_training, wait_until
 from ..viewer_helpers import RecordingApp, drawn, plain, ranks_stepping, until
 
 pytestmark = pytest.mark.integration
 
 
-def start_job(run_root: Path, socket_dir: Path) -> subprocess.Popen[str]:
+def start_job(run_root: Path, socket_dir: Path, *extra: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(SCRIPTS / "ddp_train.py")]
-    args = ["--run-dir", str(run_root), "--epochs", "1000", "--step-sleep", "0.01"]
+    args = ["--run-dir", str(run_root), "--epochs", "1000", "--step-sleep", "0.01", *extra]
     proc = subprocess.Popen(
         [*cmd, *args], env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -115,6 +115,24 @@ async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_
     assert [e["reason"] for e in ends[0] + ends[1]] == ["stopped", "stopped"]
     steps = {rank: [r["step"] for r in read_ledger(path) if r["kind"] == "step"] for rank, path in ledgers.items()}
     assert steps[0][-1] == steps[1][-1]
+
+
+async def test_the_live_viewer_names_a_rank_with_a_slow_loader_as_the_straggler(tmp_path: Path, socket_dir: Path):
+    proc = start_job(tmp_path / "runs", socket_dir, "--slow-rank", "1", "--slow-s", "0.02")
+    job = wait_until(lambda: live_job(socket_dir), timeout=60, what="both ranks listening")
+    app = viewer_of(job)
+    async with app.run_test(size=(140, 40)) as pilot:
+        ranks = await ranks_stepping(pilot, app)
+        await until(pilot, lambda: ranks.waited_for is not None, 60, "the straggler named")
+        (alert,) = [a for a in app.state.alerts if a.rule == "straggler"]
+        assert (alert.rank, alert.severity) == (1, "warning")
+        assert alert.message.endswith("(input)")
+        assert alert.step is not None
+        assert alert.step < 60  # judged within a bounded number of steps (20 to fill, every 10 after)
+        await drawn(pilot)
+        rows = plain(app.query_one(RanksPane)).splitlines()
+        assert rows[2].split()[0] == "»1"
+    kill_tree(proc)
 
 
 async def test_a_rank_killed_mid_run_is_shown_gone_and_leaves_a_clean_ledger(tmp_path: Path, socket_dir: Path):

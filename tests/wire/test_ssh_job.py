@@ -4,7 +4,6 @@ while the viewer stays responsive."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -12,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tuiwatch.cli.attach import job_source
@@ -21,7 +19,7 @@ from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.wire.discovery import parse_remote
 
-from ..helpers import SCRIPTS, env_for, wait_until
+from ..helpers import SCRIPTS, env_for, kill_tree, wait_until
 from ..ssh_helpers import TwoHosts, free_port
 from ..viewer_helpers import RecordingApp, drawn, plain, ranks_stepping, until
 
@@ -92,10 +90,7 @@ async def test_one_job_on_two_hosts_is_one_view_and_a_silent_host_shows_stale(tm
             await until(pilot, lambda: ranks.ranks[1].status(time.time()) == "gone", 30, "rank 1 gone with its link")
     finally:
         for node in nodes:
-            for proc in [*psutil.Process(node.pid).children(recursive=True), psutil.Process(node.pid)]:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    proc.kill()
-            node.wait(30)
+            kill_tree(node)
     checkpoints = {}
     for i in (0, 1):
         (job,) = (tmp_path / f"runs{i}").iterdir()
