@@ -152,6 +152,13 @@ def test_a_command_to_every_rank_is_answered_once_when_every_rank_has():
     text = describe_action(state.take_answered()[0], "checkpoint")
     assert text == "2 ranks after step 9: checkpoint written: /r/rank0/checkpoints/step-10.pt (2.0 KiB, step 10)"
 
+    # Another viewer's command: shown once, as the lead rank answered it; a reply of ours seen again (a replayed
+    # stream) is not shown twice.
+    theirs = {"kind": "action", "id": 99, "action": "dump", "ok": True, "step": 9, "path": "/d"}
+    assert ranks.apply(0, [theirs], now=2.0) == [theirs]
+    assert ranks.apply(1, [theirs], now=2.0) == []
+    assert ranks.apply(0, [{**reply, "path": "/r/rank0/checkpoints/step-10.pt"}], now=2.0) == []
+
     # Not at one step, and a failure, are said as such.
     ranks.sent(8, "dump", [0, 1])
     ranks.apply(0, [{"kind": "action", "id": 8, "action": "dump", "ok": True, "step": 12, "path": "/d0"}], now=3.0)

@@ -84,6 +84,7 @@ class RanksState:
         self.straggler = Straggler()
         self.waited_for: int | None = None  # the rank the straggler rule names, until it clears
         self._sent: dict[int, _Sent] = {}
+        self._settled: deque[int] = deque(maxlen=64)  # this viewer's commands already answered by every rank
 
     # --- records in ----------------------------------------------------------------
 
@@ -189,7 +190,8 @@ class RanksState:
         cmd_id = integer(r.get("id"))
         sent = self._sent.get(cmd_id) if cmd_id is not None else None
         if cmd_id is None or sent is None or rank not in sent.waiting:
-            return None  # another viewer's command: its own viewer says how it went
+            # Another viewer's command (or a reply already settled): shown once, as the lead rank answered it.
+            return r if rank == self.lead and (sent is None and cmd_id not in self._settled) else None
         sent.waiting.discard(rank)
         sent.replies[rank] = r
         if r.get("ok") is True and sent.cmd in ("pause", "resume"):
@@ -202,6 +204,7 @@ class RanksState:
         if sent.waiting:
             return []
         del self._sent[cmd_id]
+        self._settled.append(cmd_id)
         return [combine_replies(cmd_id, sent.cmd, sent.replies)]
 
     # --- derived ------------------------------------------------------------------------
