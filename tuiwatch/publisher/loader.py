@@ -31,6 +31,13 @@ class IndexRecorder:
     def __len__(self) -> int:
         return len(self.sampler)  # type: ignore[arg-type]
 
+    def __getattr__(self, name: str) -> Any:
+        # Whatever else a loader asks of its sampler while the recorder stands in (a set_epoch, a seed) reaches
+        # the real one: the recorder must never change what is drawn.
+        if name == "sampler":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
     def pop(self) -> list[int] | None:
         return self.ids.popleft() if self.ids else None
 
@@ -46,18 +53,26 @@ def _as_id_list(item: Any) -> list[int]:
         return []
 
 
-def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
-    """``iter(loader)`` and, for a map-style DataLoader that yields in order, its id recorder."""
+def _recordable(loader: Any) -> bool:
+    """A map-style torch DataLoader that yields in sampling order."""
     try:
         from torch.utils.data import DataLoader
         from torch.utils.data.dataloader import _DatasetKind
     except ImportError:  # pragma: no cover - torch is there in the publisher
-        return iter(loader), None
-    if (
-        not isinstance(loader, DataLoader)
-        or loader._dataset_kind != _DatasetKind.Map
-        or not getattr(loader, "in_order", True)
-    ):
+        return False
+    return (
+        isinstance(loader, DataLoader)
+        and loader._dataset_kind == _DatasetKind.Map
+        and getattr(loader, "in_order", True) is not False
+    )
+
+
+def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
+    """``iter(loader)`` and, for a map-style DataLoader that yields in order, its id recorder."""
+    base = getattr(loader, "base_dataloader", None)
+    if base is not None and _recordable(base) and not getattr(loader, "skip_batches", 0):
+        return _adapter_with_ids(loader, base)
+    if not _recordable(loader):
         return iter(loader), None
     existing = getattr(getattr(loader, "_iterator", None), "_index_sampler", None)
     if isinstance(existing, IndexRecorder):  # persistent workers: the recorder is already in
@@ -74,3 +89,22 @@ def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
     if getattr(it, "_index_sampler", None) is not recorder:
         return it, None
     return it, recorder
+
+
+def _adapter_with_ids(adapter: Any, base: Any) -> tuple[Iterator[Any], IndexRecorder]:
+    """Accelerate's prepared loader (``DataLoaderShard``) builds its DataLoader's iterator at its first batch,
+    not in ``iter()``, and fetches one batch ahead: the recorder stays in the DataLoader for the whole
+    epoch, and the ids still come out oldest first."""
+    attr = "batch_sampler" if base._auto_collation else "sampler"
+    current = getattr(base, attr)
+    original = current.sampler if isinstance(current, IndexRecorder) else current  # an epoch left unfinished
+    recorder = IndexRecorder(original)
+
+    def batches() -> Iterator[Any]:
+        object.__setattr__(base, attr, recorder)
+        try:
+            yield from adapter
+        finally:
+            object.__setattr__(base, attr, original)
+
+    return batches(), recorder
