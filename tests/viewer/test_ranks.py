@@ -178,7 +178,7 @@ def test_the_command_step_is_just_ahead_of_the_furthest_rank_by_the_records_in_f
     assert ranks.command_step() is None
     ranks.apply(0, [step(n, wait=0.0, forward=0.002, backward=0.007) for n in range(5)], now=0.0)  # 10 ms steps
     ranks.apply(1, [step(n, wait=0.01) for n in range(7)], now=0.0)  # 18 ms steps
-    assert ranks.command_step() == 7 + 50  # half a second of the faster rank's steps past step 6
+    assert ranks.command_step() == 7 + 100  # a second of the faster rank's steps past step 6
     slow = RanksState([0], 1)
     slow.apply(0, [step(0, forward=1.0, backward=1.0)], now=0.0)
     assert slow.command_step() == 1 + 2  # never fewer than two steps ahead

@@ -28,6 +28,9 @@ from tuiwatch.viewer.render.series import Series
 # system record every second, every third second while it waits, whatever its step time.
 STALE_S = 5.0
 WINDOW = 20  # steps per rank the pane's medians are taken over
+# How far ahead of the furthest rank the viewer sets a command's step: longer than records take to reach it (a
+# few tens of ms here, more through ssh or on a loaded host), short enough to feel immediate.
+LEAD_S = 1.0
 MAX_KEPT_ALERTS = 50  # per rank, to show again when the lead rank's connection starts over
 
 
@@ -213,7 +216,7 @@ class RanksState:
         steps = [s.step for s in self.ranks.values() if s.step is not None]
         return max(steps) if steps else None
 
-    def command_step(self, lead_s: float = 0.5) -> int | None:
+    def command_step(self, lead_s: float = LEAD_S) -> int | None:
         """The step count every rank runs a command at: just ahead of the furthest rank, by the records still
         on their way (``lead_s`` of steps, at least two)."""
         furthest = self.furthest_step()
