@@ -71,11 +71,10 @@ class CommandQueue:
         """The queued commands due with ``steps_done`` steps done, oldest first (training thread); nothing
         joins them once taken."""
         with self._lock:
-            if all(q.command.at is None or q.command.at <= steps_done for q in self._items):
-                taken = list(self._items)
-                self._items.clear()
-                return taken
             taken = [q for q in self._items if q.command.at is None or q.command.at <= steps_done]
-            for q in taken:
-                self._items.remove(q)
+            if len(taken) == len(self._items):
+                self._items.clear()
+            else:
+                for q in taken:
+                    self._items.remove(q)
         return taken

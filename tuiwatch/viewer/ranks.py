@@ -23,6 +23,7 @@ from tuiwatch.ledger.fields import integer, num
 from tuiwatch.ledger.records import Record
 from tuiwatch.rules.resources import Straggler
 from tuiwatch.viewer.render.series import Series
+from tuiwatch.viewer.state import end_status
 
 # A rank that sent nothing for this long (or three of its steps, if longer) is stale: a live run sends a
 # system record every second, every third second while it waits, whatever its step time.
@@ -57,7 +58,7 @@ class RankState:
 
     def status(self, now: float) -> str:
         if self.end_reason is not None:
-            return {"finished": "finished", "stopped": "stopped"}.get(self.end_reason, "failed")
+            return end_status(self.end_reason)
         if not self.connected:
             return "gone" if self.last_seen is not None else "connecting"
         if self.paused:

@@ -340,10 +340,7 @@ class RelaySource:
         except OSError as exc:
             reason = f"relay stream broken: {exc}"
         flush()
-        proc.wait()
-        err = proc.stderr.read().decode(errors="replace").strip().splitlines() if proc.stderr else []
-        if proc.returncode and err:
-            reason = err[-1]
+        reason = _ended(proc, reason)
         for rank in sorted(open_ranks):
             _tagging(post, rank)(SourceDisconnected(f"{self.host}: {reason}"))
 
@@ -490,11 +487,7 @@ class CommandSource:
         except (OSError, ProtocolError) as exc:
             reason = f"relay stream broken: {exc}"
         batcher.flush(force=True)
-        proc.wait()
-        err = proc.stderr.read().decode(errors="replace").strip().splitlines() if proc.stderr else []
-        if proc.returncode and err:
-            reason = err[-1]
-        post(SourceDisconnected(reason))
+        post(SourceDisconnected(_ended(proc, reason)))
 
     def send(self, cmd: str, cmd_id: int, at: int | None = None) -> bool:
         return _to_stdin(self._proc, self._lock, command_line(cmd, cmd_id, at))
@@ -514,6 +507,13 @@ def _to_stdin(proc: subprocess.Popen[bytes] | None, lock: threading.Lock, line: 
         except OSError:
             return False
     return True
+
+
+def _ended(proc: subprocess.Popen[bytes], reason: str) -> str:
+    """Why a relay's stream ended: its last line on stderr when it failed (ssh's own words), else ``reason``."""
+    proc.wait()
+    err = proc.stderr.read().decode(errors="replace").strip().splitlines() if proc.stderr else []
+    return err[-1] if proc.returncode and err else reason
 
 
 def _terminate(proc: subprocess.Popen[bytes] | None) -> None:

@@ -40,6 +40,12 @@ class Alert:
     rank: int | None = None  # the rank that saw it, in a job of several
 
 
+def end_status(reason: str) -> str:
+    """The status an end record's reason gives: "stopped" is a stop someone asked for; any other reason but
+    "finished" is the run failing."""
+    return {"finished": "finished", "stopped": "stopped"}.get(reason, "failed")
+
+
 def describe_action(r: Record, action: str) -> str:
     """The line a command's reply is shown as (alert pane and notification)."""
     rank_steps = r.get("rank_steps")
@@ -204,8 +210,7 @@ class RunState:
 
     def _end(self, r: Record) -> None:
         self.end_reason = str(r.get("reason", "finished"))
-        # "stopped" is a stop someone asked for; any other reason but "finished" is the run failing.
-        self.status = {"finished": "finished", "stopped": "stopped"}.get(self.end_reason, "failed")
+        self.status = end_status(self.end_reason)
 
     # --- events from the source and the user -------------------------------------
 

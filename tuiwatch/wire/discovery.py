@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.fields import integer
 from tuiwatch.ledger.reader import tail_records
 from tuiwatch.ledger.records import Record
 from tuiwatch.wire.protocol import connect, iter_records
@@ -57,10 +58,6 @@ class LiveJob:
     def status(self) -> str:
         statuses = {r.status for r in self.ranks}
         return statuses.pop() if len(statuses) == 1 else "mixed: " + ", ".join(sorted(statuses))
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if type(value) is int else None
 
 
 def group_jobs(runs: list[LiveRun]) -> list[LiveRun | LiveJob]:
@@ -142,8 +139,8 @@ def list_live_runs(directory: Path | None = None, timeout: float = 1.0) -> list[
                 status=status,
                 run_id=run.get("run_id"),
                 ledger=ledger,
-                rank=_int_or_none(run.get("rank")),
-                world_size=_int_or_none(run.get("world_size")),
+                rank=integer(run.get("rank")),
+                world_size=integer(run.get("world_size")),
             )
         )
     return runs
@@ -266,8 +263,8 @@ def list_remote_runs(remote: Remote) -> list[LiveRun]:
                 str(r.get("status", "?")),
                 r.get("run_id"),
                 r.get("ledger"),
-                _int_or_none(r.get("rank")),
-                _int_or_none(r.get("world_size")),
+                integer(r.get("rank")),
+                integer(r.get("world_size")),
             )
             for r in rows
         ]
