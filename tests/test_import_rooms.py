@@ -50,6 +50,18 @@ def test_the_publisher_loads_torch_but_never_textual():
     assert loaded_after(["tuiwatch.publisher.watch"]) == {"torch"}
     assert loaded_after(["tuiwatch.publisher.background.nvml", "tuiwatch.cli.doctor"]) == set()
     assert loaded_after(["tuiwatch.publisher.dumps", "tuiwatch.microscope.first_nonfinite"]) == {"torch"}
+    assert loaded_after(["tuiwatch.integrations.script"]) == {"torch"}
+
+
+def test_run_help_does_not_import_torch():
+    extra = """
+from tuiwatch.cli.main import main
+try:
+    main(["run", "--help"])
+except SystemExit:
+    pass
+"""
+    assert "torch" not in loaded_after(["tuiwatch.cli.main"], extra)
 
 
 def test_ls_help_does_not_import_torch():

@@ -9,10 +9,10 @@ from typing import NoReturn
 
 from tuiwatch._version import __version__
 from tuiwatch.analysis.format import safe
-from tuiwatch.cli import attach, demo, diff, doctor, ls, relay, replay, report
+from tuiwatch.cli import attach, demo, diff, doctor, ls, relay, replay, report, run
 from tuiwatch.errors import TuiwatchError
 
-COMMANDS = (attach, ls, replay, report, diff, relay, doctor, demo)
+COMMANDS = (attach, ls, replay, report, diff, relay, doctor, demo, run)
 
 
 class OneLineErrorParser(argparse.ArgumentParser):

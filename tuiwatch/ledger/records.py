@@ -55,6 +55,7 @@ class RunRecord(TypedDict):
     on_nonfinite: str
     step_per: str  # "batch" or "optimizer": what one step is
     resumed_from: dict[str, Any] | None  # Watch(resume_from=...): the checkpoint and the run that wrote it
+    integration: dict[str, Any] | None  # what an integration (tuiwatch run, a callback) sees and does not
 
 
 class Finite(TypedDict):

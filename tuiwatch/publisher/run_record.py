@@ -110,6 +110,7 @@ def make_run_record(
     on_nonfinite: str,
     step_per: str,
     resumed_from: dict[str, Any] | None,
+    integration: dict[str, Any] | None,
     run_dir: Path | None,
     socket_path: Path | None,
     socket_error: str | None,
@@ -151,4 +152,5 @@ def make_run_record(
         "on_nonfinite": on_nonfinite,
         "step_per": step_per,
         "resumed_from": resumed_from,
+        "integration": integration,
     }

@@ -77,6 +77,7 @@ class Watch:
         step_per: str = "batch",
         resume_from: str | Path | None = None,
         run_id: str | None = None,
+        integration: dict[str, Any] | None = None,
     ):
         _check_arguments(model, optimizer, on_nonfinite=on_nonfinite, stop=stop, every=every, step_per=step_per)
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
@@ -129,6 +130,7 @@ class Watch:
                 "on_nonfinite": on_nonfinite,
                 "step_per": step_per,
                 "resumed_from": None if saved is None else resume.link(saved),
+                "integration": integration,
             },
         )
         self.run_record = publishing.run_record
@@ -217,30 +219,55 @@ class Watch:
         finally:
             tracker.end(clock())
 
-    def step(self, batch: Any = None, *, ids: Iterable[int] | torch.Tensor | None = None) -> None:
+    def step(
+        self,
+        batch: Any = None,
+        *,
+        ids: Iterable[int] | torch.Tensor | None = None,
+        data_wait_s: float | None = None,
+    ) -> None:
         """Mark a step boundary in a loop that does not draw from :meth:`batches`.
 
         ``batch`` (and the sample ``ids`` in it, if the loop knows them) is the
         batch this step trains on, fetched since the last boundary: its shapes
         and token count are recorded as for :meth:`batches`. Time spent in
-        :meth:`fetching` blocks since the last boundary is this step's data wait.
+        :meth:`fetching` blocks since the last boundary is this step's data wait;
+        ``data_wait_s`` is for a caller that timed the fetch of ``batch`` itself
+        (an integration's loader hook). With ``step_per="optimizer"``, a batch
+        fetched before the open step's optimizer step is one more micro-batch of it.
         """
         tracker = self._tracker
         now = time.perf_counter()
         batch_ids = _sample_ids(ids)
         if tracker.folding():
             if batch is not None and not tracker.off:
-                tracker.fold(batch, batch_ids, None)
+                tracker.fold(batch, batch_ids, data_wait_s)
             return
         tracker.end(now)
         if self._commands.pending():
             self._commands.at_boundary()
             now = time.perf_counter()
         if not tracker.off:
-            s = tracker.open(now, at_boundary=True)
+            s = tracker.open(now, at_boundary=True, data_wait_s=data_wait_s)
             s.epoch = max(tracker.epoch, 0)
             if batch is not None:
                 tracker.add_batch(s, batch, batch_ids)
+
+    def end_step(self) -> None:
+        """End the open step here, without opening the next one (for integrations that see a step's end).
+
+        What runs until the next boundary (validation, the loop's own logging
+        or checkpoint) belongs to no step. A viewer's queued commands run here,
+        as at any boundary. With ``step_per="optimizer"``, a step ends only
+        once its optimizer has stepped: before that this does nothing.
+        """
+        tracker = self._tracker
+        if tracker.off or tracker.folding():
+            return
+        tracker.end(time.perf_counter())
+        if self._commands.pending():
+            self._commands.at_boundary()
+            tracker.last_boundary = time.perf_counter()  # a pause is no step's time
 
     @contextmanager
     def fetching(self) -> Iterator[None]:

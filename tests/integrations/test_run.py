@@ -1,0 +1,176 @@
+"""``tuiwatch run``: an unmodified copy of pytorch/examples' mnist script (synthetic data), run as python runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tuiwatch.ledger.ranks import rank_ledgers
+from tuiwatch.wire.protocol import command_line, connect, iter_records
+from tuiwatch.wire.socketdir import list_sockets
+
+from ..helpers import SCRIPTS, STARTED, env_for, ledger_file, records, wait_until
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = SCRIPTS / "mnist_synthetic.py"
+TUIWATCH = [sys.executable, "-m", "tuiwatch", "run"]
+BATCHES = 20  # 640 samples in batches of 32
+
+
+def run(cmd: list[str], socket_dir: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env_for(socket_dir), capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def watched(run_root: Path, socket_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run([*TUIWATCH, "--run-dir", str(run_root), str(SCRIPT), *args], socket_dir)
+
+
+def test_the_script_prints_and_exits_as_under_python_and_the_ledger_has_every_step(
+    run_root: Path, socket_dir: Path, tmp_path: Path
+):
+    plain = run([sys.executable, str(SCRIPT), "--epochs", "2"], socket_dir)
+    done = watched(run_root, socket_dir, "--epochs", "2", "--truth", str(tmp_path / "truth.json"))
+    assert (done.returncode, plain.returncode) == (0, 0), done.stderr
+    assert done.stdout == plain.stdout  # the script's own output, untouched
+    assert "Test set: Average loss" in done.stdout
+
+    ledger = ledger_file(run_root)
+    run_record = records(ledger, "run")[0]
+    assert run_record["argv"][1:] == ["--epochs", "2", "--truth", str(tmp_path / "truth.json")]
+    assert run_record["model"] == "Net"
+    assert run_record["optimizer"] == "Adadelta"
+    assert run_record["integration"]["by"] == "tuiwatch run"
+    assert run_record["integration"]["not_seen"]
+    steps = records(ledger, "step")
+    truth = json.loads((tmp_path / "truth.json").read_text())
+    assert [s["step"] for s in steps] == list(range(2 * BATCHES))  # the test loader's batches are not steps
+    assert [s["loss"] for s in steps] == pytest.approx(truth, rel=1e-6)  # the scalar backward() ran on
+    assert [s["epoch"] for s in steps] == [0] * BATCHES + [1] * BATCHES
+    assert [s["lr"] for s in steps] == [[1.0]] * BATCHES + [[pytest.approx(0.7)]] * BATCHES  # StepLR, per epoch
+    assert all(s["grad_norm"] > 0 and s["opt_step"] == s["step"] + 1 for s in steps)
+    assert all("micro_batches" not in s for s in steps)
+    # Every training batch after the first (drawn before the first optimizer step found the model) is recorded.
+    assert steps[0]["batch_ids"] is None
+    assert all(s["batch_shape"] == [[32, 1, 16, 16], [32]] and s["data_wait_s"] >= 0 for s in steps[1:])
+    second_epoch = [i for s in steps[BATCHES:] for i in s["batch_ids"]]
+    assert sorted(second_epoch) == list(range(640))  # the shuffled epoch, each sample once
+    assert records(ledger, "end")[-1]["reason"] == "finished"
+
+
+def test_accumulation_under_a_grad_scaler_with_loader_workers(run_root: Path, socket_dir: Path, tmp_path: Path):
+    args = ("--epochs", "1", "--accumulate", "2", "--amp", "--workers", "2", "--truth", str(tmp_path / "t.json"))
+    done = watched(run_root, socket_dir, *args)
+    assert done.returncode == 0, done.stderr
+    steps = records(ledger_file(run_root), "step")
+    truth = json.loads((tmp_path / "t.json").read_text())  # each micro-batch's loss, divided by 2 by the script
+    assert len(steps) == BATCHES // 2
+    # The loss the update descends: the two micro-batches' (unscaled) losses summed.
+    assert [s["loss"] for s in steps] == pytest.approx(
+        [a + b for a, b in zip(truth[::2], truth[1::2], strict=True)], rel=1e-5
+    )
+    assert all(s["micro_batches"] == 2 and len(s["batch_ids"]) == 64 for s in steps[1:])
+    assert all(s["scale"] == 65536.0 for s in steps)  # the script's GradScaler, found
+
+
+def test_a_script_that_raises_exits_1_with_its_own_traceback(run_root: Path, socket_dir: Path):
+    done = watched(run_root, socket_dir, "--fail-at", "7")
+    assert done.returncode == 1
+    assert f'File "{SCRIPT}", line' in done.stderr
+    assert done.stderr.rstrip().endswith("RuntimeError: a bug in the training script at batch 7")
+    assert "runpy" not in done.stderr
+    assert "integrations/script.py" not in done.stderr
+    ledger = ledger_file(run_root)
+    steps = records(ledger, "step")
+    assert [s["opt_step"] for s in steps] == [1, 2, 3, 4, 5, 6, 7, None]  # the batch it failed on: drawn, not trained
+    assert records(ledger, "end")[-1]["reason"] == "exception"
+
+
+def test_the_exit_status_and_module_form_are_pythons(run_root: Path, socket_dir: Path):
+    done = run(
+        [*TUIWATCH, "--run-dir", str(run_root), "-m", "mnist_synthetic", "--exit-code", "3"], socket_dir, SCRIPTS
+    )
+    assert done.returncode == 3, done.stderr
+    assert "Test set" in done.stdout
+    ledger = ledger_file(run_root)
+    assert len(records(ledger, "step")) == 2 * BATCHES
+    assert records(ledger, "end")[-1]["reason"] == "exception"  # sys.exit(3): not a clean finish
+
+
+def test_bad_targets_get_one_line(socket_dir: Path, tmp_path: Path):
+    for args, says in (([], "run needs a script"), (["-m"], "needs a module name"), (["nope.py"], "no script at")):
+        done = run([*TUIWATCH, *args], socket_dir, tmp_path)
+        assert done.returncode == 1
+        assert says in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def reply(stream: Any, cmd_id: int) -> dict[str, Any]:
+    for record in stream:
+        if record.get("kind") == "action" and record.get("id") == cmd_id:
+            return record  # type: ignore[no-any-return]
+    raise AssertionError(f"the run closed the connection before replying to command {cmd_id}")
+
+
+def test_checkpoint_and_stop_keys_act_on_the_unedited_script(run_root: Path, socket_dir: Path):
+    cmd = [*TUIWATCH, "--run-dir", str(run_root), str(SCRIPT), "--epochs", "1000"]
+    proc = subprocess.Popen(cmd, env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    STARTED.append(proc)
+    path = wait_until(lambda: next(iter(list_sockets(socket_dir)), None), 60, "the run's socket").path
+    sock = connect(path, timeout=30)
+    stream = iter_records(sock)
+    next(r for r in stream if r.get("kind") == "step" and r["step"] >= 5)
+    sock.sendall(command_line("checkpoint", 1))
+    saved = reply(stream, 1)
+    sock.sendall(command_line("stop", 2))
+    stopped = reply(stream, 2)
+    sock.close()
+    out, err = proc.communicate(timeout=60)
+    assert saved["ok"]
+    assert stopped["ok"]
+    assert proc.returncode == 0
+    assert "a viewer asked the run to stop" in err
+    assert "Train Epoch: 1" in out
+    state = torch.load(saved["path"], weights_only=False)
+    assert "conv1.weight" in state["model"]
+    assert state["step"] >= 5
+    assert "scheduler" in state
+    assert state["scheduler"] is not None
+    ledger = ledger_file(run_root)
+    assert records(ledger, "end")[-1]["reason"] == "stopped"
+    assert records(ledger, "step")[-1]["step"] < 1000 * BATCHES
+
+
+def test_under_torchrun_each_rank_of_an_unedited_ddp_script_is_watched_as_one_job(tmp_path: Path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "tuiwatch", "run"]
+    cmd = [*launcher, "--run-dir", str(tmp_path / "runs"), str(SCRIPTS / "ddp_plain.py")]
+    done = run(cmd, tmp_path / "sock")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(done.stdout.splitlines()) == ["rank 0 of 2 done", "rank 1 of 2 done"]
+    (job,) = (tmp_path / "runs").iterdir()
+    ledgers = rank_ledgers(job)
+    assert sorted(ledgers) == [0, 1]
+    steps = {rank: records(path, "step") for rank, path in ledgers.items()}
+    assert [len(s) for s in steps.values()] == [16, 16]  # 2 epochs of 256 samples a rank, 32 a batch
+    assert records(ledgers[0], "run")[0]["model"] == "DistributedDataParallel"
+    # After the all-reduce both ranks hold the same gradients: the same pre-clip norms, step by step.
+    assert [s["grad_norm"] for s in steps[0]] == pytest.approx([s["grad_norm"] for s in steps[1]], rel=1e-6)
+    for epoch in (0, 1):  # each epoch the two shards together are the dataset once (the first batch unseen)
+        ids = [i for r in (0, 1) for s in steps[r] if s["epoch"] == epoch and s["batch_ids"] for i in s["batch_ids"]]
+        assert len(ids) == len(set(ids)) == (512 - 64 if epoch == 0 else 512)
+
+
+def test_a_run_directory_that_cannot_be_made_leaves_the_script_running_unwatched(socket_dir: Path, tmp_path: Path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    done = run([*TUIWATCH, "--run-dir", str(blocker / "runs"), str(SCRIPT), "--epochs", "1"], socket_dir)
+    assert done.returncode == 0
+    assert "Test set: Average loss" in done.stdout
+    assert "tuiwatch run: cannot watch this run (" in done.stderr
+    assert "it runs unwatched" in done.stderr

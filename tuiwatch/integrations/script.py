@@ -1,0 +1,303 @@
+"""``tuiwatch run script.py``: a Watch on a training script nobody edited.
+
+Nothing in the script names tuiwatch, so everything is found from torch's
+side, through hooks and patches that last while the script runs:
+
+- the **optimizer** is the first one whose ``step()`` runs (torch's global
+  step pre-hook); at that moment the Watch is made, so the ledger's step 0 is
+  the script's first optimizer step. Its hooks (pre-clip norm, lr, parameter
+  and update norms, the non-finite check) are the Watch's own;
+- the **model** is the outermost module that holds the optimizer's
+  parameters (the fewest other parameters if several do); the LR scheduler and
+  the GradScaler, the ones built on that optimizer, found once, then;
+- a **step** ends when that optimizer's ``step()`` returns (torch's global
+  post-hook): viewer commands run there. Micro-batches before it fold into
+  it (``step_per="optimizer"``);
+- **data**: each batch drawn from a torch DataLoader while gradients are
+  enabled and the model is in training mode is timed (data wait) and recorded
+  (shapes, tokens, sample ids for a map-style loader); batches drawn in
+  ``torch.no_grad()`` or with the model in ``eval()`` are validation's;
+- the **loss** is what the update descends: the sum of the scalars
+  ``backward()`` was called on since the last optimizer step (the scaled
+  loss of a GradScaler is taken back to the loss it scaled).
+
+What this cannot see is written in the run record (``integration``).
+"""
+
+from __future__ import annotations
+
+import gc
+import runpy
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from tuiwatch.errors import NonFiniteError, StopRequested
+from tuiwatch.publisher import process
+from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
+from tuiwatch.publisher.watch import Watch
+
+NOT_SEEN = [
+    "validation metrics (eval records): the script computes them itself",
+    "batches that do not come from a torch DataLoader: no data wait, shapes, ids, forward time or output check",
+    "the first optimizer step's data wait and timing: the Watch starts at that step",
+    "optimizers other than the first that steps, and their models",
+]
+
+
+def _roots(modules: list[torch.nn.Module]) -> list[torch.nn.Module]:
+    """The modules that are no other module's child."""
+    children = {id(c) for m in modules for c in m.children()}
+    return [m for m in modules if id(m) not in children]
+
+
+def find_model(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn.Module:
+    """The outermost module holding the optimizer's parameters; a wrapper of them when no module does."""
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    best: tuple[int, int] | None = None
+    found: torch.nn.Module | None = None
+    # type(), not isinstance(): some module-level objects warn when their __class__ is read.
+    for module in _roots([o for o in objects if issubclass(type(o), torch.nn.Module)]):
+        held = {id(p) for p in module.parameters()}
+        covered = len(wanted & held)
+        if not covered:
+            continue
+        key = (-covered, len(held) - covered)  # most of the optimizer's, then fewest of anyone else's
+        if best is None or key < best:
+            best, found = key, module
+    if found is None:  # bare tensors: a module over them, for the norms and the checkpoint
+        found = torch.nn.ParameterList([p for group in optimizer.param_groups for p in group["params"]])
+    return found
+
+
+def _built_on(optimizer: torch.optim.Optimizer, objects: list[Any]) -> tuple[Any, Any]:
+    """The LR scheduler of this optimizer and a GradScaler, if the script made them (None otherwise)."""
+    scheduler = next((o for o in objects if issubclass(type(o), LRScheduler) and o.optimizer is optimizer), None)
+    scaler = next((o for o in objects if issubclass(type(o), torch.amp.GradScaler)), None)
+    return scheduler, scaler
+
+
+class ScriptWatch:
+    """The hooks and patches of ``tuiwatch run``, and the Watch they make at the first optimizer step."""
+
+    def __init__(self, **watch_options: Any):
+        self.options = watch_options
+        self.watch: Watch | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.declined = False  # the script has a Watch of its own: it is left to it
+        self.loss: torch.Tensor | None = None  # the sum of backward()'s scalars since the last optimizer step
+        self.epochs = 0  # training epochs begun: a training loader's first batch of an iteration
+        self._scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
+        self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
+        self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
+        self._undo: list[Callable[[], None]] = []
+
+    # --- installing ------------------------------------------------------------------
+
+    def install(self) -> None:
+        self._undo.append(register_optimizer_step_pre_hook(self._before_step).remove)
+        self._undo.append(register_optimizer_step_post_hook(self._after_step).remove)
+        self._patch(torch.Tensor, "backward", self._backward)
+        self._patch(torch.amp.GradScaler, "scale", self._scale)
+        self._patch(DataLoader, "__iter__", self._iter)
+        self._patch(_BaseDataLoaderIter, "__next__", self._next)
+
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _patch(self, owner: type, name: str, make: Callable[[Any], Any]) -> None:
+        original = owner.__dict__[name]
+        setattr(owner, name, make(original))
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    # --- the optimizer: the Watch's start, and each step's end ------------------------
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.optimizer is not None or self.declined:
+            return
+        if process.watches:
+            self.declined = True
+            print("tuiwatch run: the script makes a Watch of its own; tuiwatch run adds none", file=sys.stderr)
+            return
+        self.optimizer = optimizer
+        objects = gc.get_objects()  # once: what the script built, to find its model, scheduler and scaler
+        model = find_model(optimizer, objects)
+        scheduler, scaler = _built_on(optimizer, objects)
+        del objects
+        integration = {
+            "by": "tuiwatch run",
+            "model": f"{type(model).__name__}: the outermost module holding the optimizer's parameters",
+            "loss": "the sum of the scalars backward() was called on between two optimizer steps",
+            "not_seen": NOT_SEEN,
+        }
+        # Made inside this step's pre-hooks: torch runs the optimizer's own pre-hooks after the global ones, so
+        # the Watch's (registered now) already measure this step.
+        try:
+            self.watch = Watch(
+                model,
+                optimizer,
+                scheduler=scheduler,
+                scaler=scaler,
+                step_per="optimizer",
+                stop="raise",
+                integration=integration,
+                **self.options,
+            )
+        except Exception as exc:  # an unwritable run directory, say: the script must run on all the same
+            self.declined = True
+            print(f"tuiwatch run: cannot watch this run ({exc}); it runs unwatched", file=sys.stderr)
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        watch = self.watch
+        if watch is None or optimizer is not self.optimizer:
+            return
+        loss, self.loss = self.loss, None
+        if loss is not None:
+            watch.log(loss=loss)
+        watch.end_step()  # raises StopRequested when a viewer asked the run to stop
+
+    # --- the loss ---------------------------------------------------------------------
+
+    def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if not self.declined and tensor.numel() == 1:
+                scaled = self._scaled
+                value = scaled[1] if scaled is not None and scaled[0]() is tensor else tensor
+                value = value.detach()
+                self.loss = value if self.loss is None else self.loss + value
+            return original(tensor, *args, **kwargs)
+
+        return backward
+
+    def _scale(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def scale(scaler: Any, outputs: Any) -> Any:
+            result = original(scaler, outputs)
+            if isinstance(outputs, torch.Tensor) and isinstance(result, torch.Tensor):
+                self._scaled = (weakref.ref(result), outputs)
+            return result
+
+        return scale
+
+    # --- the data ---------------------------------------------------------------------
+
+    def _iter(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def __iter__(loader: DataLoader[Any]) -> Any:
+            building = self._building
+            if getattr(building, "active", False) or getattr(loader, "base_dataloader", None) is not None:
+                return original(loader)  # our own iter(), or Accelerate's adapter (its base loader comes here)
+            building.active = True
+            try:
+                it, recorder = iter_with_ids(loader)
+            finally:
+                building.active = False
+            if recorder is not None:
+                self._recorders[it] = recorder
+            return it
+
+        return __iter__
+
+    def _next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        clock = time.perf_counter
+
+        def __next__(it: Any) -> Any:
+            t0 = clock()
+            batch = original(it)
+            wait = clock() - t0
+            recorder = self._recorders.get(it)
+            ids = recorder.pop() if recorder is not None else None
+            watch = self.watch
+            if not torch.is_grad_enabled() or (watch is not None and not watch.model.training):
+                return batch  # validation's
+            first = getattr(it, "_num_yielded", None) == 1  # an epoch's first batch (a persistent iterator too)
+            self.epochs += first
+            if watch is not None:
+                watch.step(batch, ids=ids, data_wait_s=wait)
+                if first:
+                    watch.log(epoch=self.epochs - 1)
+            return batch
+
+        return __next__
+
+
+def run_script(
+    target: str, args: list[str], *, module: bool, report: Callable[[str], None], **watch_options: Any
+) -> int:
+    """Run ``target`` (a path, or a module with ``module=True``) as ``python target args`` would, watched.
+
+    The exit status is the script's. A viewer's stop ends it with 0 and one
+    line; an exception in it prints its own traceback and gives 1.
+    """
+    hooks = ScriptWatch(**watch_options)
+    hooks.install()
+    status, reason = 0, "finished"
+    try:
+        with _as_main(target, args, module=module) as run:
+            run()
+    except SystemExit as exc:
+        status = _exit_status(exc.code)
+        reason = "finished" if status == 0 else process.end_reason(SystemExit)
+    except StopRequested as exc:
+        reason = "stopped"
+        report(f"tuiwatch run: {exc}; the script was ended there")
+    except NonFiniteError as exc:
+        status, reason = 1, "nonfinite"
+        report(f"tuiwatch run: {exc}")
+    except KeyboardInterrupt:
+        status, reason = 130, "stopped"
+        _print_script_traceback(target)
+    except BaseException as exc:  # the script's own failure: its traceback, as python prints it
+        status, reason = 1, process.end_reason(type(exc))
+        _print_script_traceback(target)
+    finally:
+        hooks.remove()
+        if hooks.watch is not None:
+            hooks.watch.close(reason)
+    return status
+
+
+@contextmanager
+def _as_main(target: str, args: list[str], *, module: bool) -> Iterator[Callable[[], Any]]:
+    """``sys.argv`` and ``sys.path[0]`` as python sets them for ``python target args`` (or ``-m target``)."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        sys.argv = [target, *args]  # for -m, runpy puts the module's file in argv[0]
+        # sys.path[0] is tuiwatch's own bin directory here; python's is the script's directory (-m: the cwd).
+        sys.path[0] = str(Path.cwd() if module else Path(target).resolve().parent)
+        if module:
+            yield lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            yield lambda: runpy.run_path(target, run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def _exit_status(code: Any) -> int:
+    """What python exits with for ``sys.exit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"): printed, status 1
+    return 1
+
+
+def _print_script_traceback(target: str) -> None:
+    """The traceback from the script's first frame on: tuiwatch's and runpy's frames above it are not the script's."""
+    exc_type, exc, tb = sys.exc_info()
+    ours = (str(Path(__file__).resolve()), runpy.__file__, "<frozen runpy>")
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
