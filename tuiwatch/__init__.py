@@ -46,7 +46,13 @@ __all__ = [
 ]
 
 
+# Integrations, as submodules that import their framework only when named: tuiwatch.hf.TuiwatchCallback.
+_SUBMODULES = {"hf": "tuiwatch.hf"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return import_module(_SUBMODULES[name])
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'tuiwatch' has no attribute {name!r}")

@@ -18,8 +18,7 @@ side, through hooks and patches that last while the script runs:
   (shapes, tokens, sample ids for a map-style loader); batches drawn in
   ``torch.no_grad()`` or with the model in ``eval()`` are validation's;
 - the **loss** is what the update descends: the sum of the scalars
-  ``backward()`` was called on since the last optimizer step (the scaled
-  loss of a GradScaler is taken back to the loss it scaled).
+  ``backward()`` was called on since the last optimizer step (loss.py).
 
 What this cannot see is written in the run record (``integration``).
 """
@@ -45,6 +44,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from tuiwatch.errors import NonFiniteError, StopRequested
+from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.publisher import process
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
 from tuiwatch.publisher.watch import Watch
@@ -97,9 +97,8 @@ class ScriptWatch:
         self.watch: Watch | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.declined = False  # the script has a Watch of its own: it is left to it
-        self.loss: torch.Tensor | None = None  # the sum of backward()'s scalars since the last optimizer step
+        self.loss = BackwardLoss()
         self.epochs = 0  # training epochs begun: a training loader's first batch of an iteration
-        self._scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
         self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
         self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
         self._undo: list[Callable[[], None]] = []
@@ -109,19 +108,14 @@ class ScriptWatch:
     def install(self) -> None:
         self._undo.append(register_optimizer_step_pre_hook(self._before_step).remove)
         self._undo.append(register_optimizer_step_post_hook(self._after_step).remove)
-        self._patch(torch.Tensor, "backward", self._backward)
-        self._patch(torch.amp.GradScaler, "scale", self._scale)
-        self._patch(DataLoader, "__iter__", self._iter)
-        self._patch(_BaseDataLoaderIter, "__next__", self._next)
+        self.loss.install()
+        self._undo.append(self.loss.remove)
+        self._undo.append(wrap_attribute(DataLoader, "__iter__", self._iter))
+        self._undo.append(wrap_attribute(_BaseDataLoaderIter, "__next__", self._next))
 
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
-
-    def _patch(self, owner: type, name: str, make: Callable[[Any], Any]) -> None:
-        original = owner.__dict__[name]
-        setattr(owner, name, make(original))
-        self._undo.append(lambda: setattr(owner, name, original))
 
     # --- the optimizer: the Watch's start, and each step's end ------------------------
 
@@ -130,6 +124,7 @@ class ScriptWatch:
             return
         if process.watches:
             self.declined = True
+            self.loss.enabled = False
             print("tuiwatch run: the script makes a Watch of its own; tuiwatch run adds none", file=sys.stderr)
             return
         self.optimizer = optimizer
@@ -158,38 +153,17 @@ class ScriptWatch:
             )
         except Exception as exc:  # an unwritable run directory, say: the script must run on all the same
             self.declined = True
+            self.loss.enabled = False
             print(f"tuiwatch run: cannot watch this run ({exc}); it runs unwatched", file=sys.stderr)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         watch = self.watch
         if watch is None or optimizer is not self.optimizer:
             return
-        loss, self.loss = self.loss, None
+        loss = self.loss.take()
         if loss is not None:
             watch.log(loss=loss)
         watch.end_step()  # raises StopRequested when a viewer asked the run to stop
-
-    # --- the loss ---------------------------------------------------------------------
-
-    def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if not self.declined and tensor.numel() == 1:
-                scaled = self._scaled
-                value = scaled[1] if scaled is not None and scaled[0]() is tensor else tensor
-                value = value.detach()
-                self.loss = value if self.loss is None else self.loss + value
-            return original(tensor, *args, **kwargs)
-
-        return backward
-
-    def _scale(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def scale(scaler: Any, outputs: Any) -> Any:
-            result = original(scaler, outputs)
-            if isinstance(outputs, torch.Tensor) and isinstance(result, torch.Tensor):
-                self._scaled = (weakref.ref(result), outputs)
-            return result
-
-        return scale
 
     # --- the data ---------------------------------------------------------------------
 

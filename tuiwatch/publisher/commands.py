@@ -37,10 +37,12 @@ class CommandRunner:
         checkpoint_state: Callable[[], dict[str, Any]],
         *,
         stop_mode: str,
+        checkpoint_with: Callable[[], str] | None = None,
     ):
         self.tracker = tracker
         self.dumps = dumps
         self.checkpoint_state = checkpoint_state
+        self.checkpoint_with = checkpoint_with  # an integration's own checkpoint (the Trainer's): where it goes
         self.stop_mode = stop_mode  # "flag": should_stop is set; "raise": StopRequested at the boundary
         self.queue = CommandQueue()
         self.paused = False
@@ -117,6 +119,8 @@ class CommandRunner:
         return reply
 
     def checkpoint(self) -> dict[str, Any]:
+        if self.checkpoint_with is not None:
+            return {"path": self.checkpoint_with(), "steps_done": self.tracker.step}
         if self.dumps.run_dir is None:
             raise CheckpointError(NO_RUN_DIR)
         steps = self.tracker.step

@@ -19,8 +19,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-# The module attributes that hold forward hooks, or their ids.
-_HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+# The module attributes that hold forward (pre-)hooks, or their ids: an integration's pre-hook goes too.
+_HOOK_TABLES = (
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+)
 
 # class -> (what dispatch_table held for it before, how many Watches hide hooks on it)
 _registered: dict[type, tuple[Callable[[Any], Any] | None, int]] = {}
@@ -56,7 +62,8 @@ def _reducer(previous: Callable[[Any], Any] | None, is_ours: Callable[[Any], boo
         if not isinstance(reduced, tuple) or len(reduced) < 3 or not isinstance(reduced[2], dict):
             return reduced
         state = reduced[2]
-        ours = {k for k, hook in state.get("_forward_hooks", {}).items() if is_ours(hook)}
+        # Hook ids are unique across a module's tables (one counter): each table loses exactly ours.
+        ours = {k for t in ("_forward_hooks", "_forward_pre_hooks") for k, h in state.get(t, {}).items() if is_ours(h)}
         if not ours:
             return reduced
         state = dict(state)  # the object's own __dict__: never changed

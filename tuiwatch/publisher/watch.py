@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -51,6 +51,11 @@ class Watch:
     ``Watch(...)`` returns at once: a background thread owns the ledger file,
     the socket and the system sampler, and nothing on the training thread
     waits for a viewer, the disk or the device.
+
+    ``integration`` (what an integration sees and does not, for the run
+    record) and ``checkpoint_with`` (a callable that makes the framework's own
+    checkpoint at the boundary where ``c`` or ``s`` runs, returning where it
+    goes) are for integrations: docs/integrations.md.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class Watch:
         resume_from: str | Path | None = None,
         run_id: str | None = None,
         integration: dict[str, Any] | None = None,
+        checkpoint_with: Callable[[], str] | None = None,
     ):
         _check_arguments(model, optimizer, on_nonfinite=on_nonfinite, stop=stop, every=every, step_per=step_per)
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
@@ -147,7 +153,9 @@ class Watch:
         if saved is not None:
             self._load(saved)
         dumps = DumpWriter(self._run_files, self.seed, tracker.recent)
-        self._commands = CommandRunner(tracker, dumps, self.checkpoint_state, stop_mode=stop)
+        self._commands = CommandRunner(
+            tracker, dumps, self.checkpoint_state, stop_mode=stop, checkpoint_with=checkpoint_with
+        )
         self._failures = Failures(tracker, dumps, model, on_nonfinite=on_nonfinite, close=self.close)
         self._hooks = ModelHooks(
             tracker,
@@ -225,6 +233,7 @@ class Watch:
         *,
         ids: Iterable[int] | torch.Tensor | None = None,
         data_wait_s: float | None = None,
+        run_commands: bool = True,
     ) -> None:
         """Mark a step boundary in a loop that does not draw from :meth:`batches`.
 
@@ -235,6 +244,8 @@ class Watch:
         ``data_wait_s`` is for a caller that timed the fetch of ``batch`` itself
         (an integration's loader hook). With ``step_per="optimizer"``, a batch
         fetched before the open step's optimizer step is one more micro-batch of it.
+        ``run_commands=False`` leaves a viewer's commands to :meth:`end_step`:
+        for a framework whose own checkpoint is taken only where its steps end.
         """
         tracker = self._tracker
         now = time.perf_counter()
@@ -244,7 +255,7 @@ class Watch:
                 tracker.fold(batch, batch_ids, data_wait_s)
             return
         tracker.end(now)
-        if self._commands.pending():
+        if run_commands and self._commands.pending():
             self._commands.at_boundary()
             now = time.perf_counter()
         if not tracker.off:

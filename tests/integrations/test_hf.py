@@ -1,0 +1,105 @@
+"""``tuiwatch.hf.TuiwatchCallback`` on a real ``Trainer``: a tiny GPT-2 built from a config, synthetic tokens."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuiwatch.wire.protocol import command_line, connect, iter_records
+from tuiwatch.wire.socketdir import list_sockets
+
+from ..helpers import SCRIPTS, STARTED, env_for, ledger_file, records, wait_until
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.integration
+
+SCRIPT = SCRIPTS / "hf_train.py"
+
+
+def train(out: Path, run_root: Path, socket_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--run-dir", str(run_root), *args]
+    done = subprocess.run(cmd, env=env_for(socket_dir), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_every_optimizer_step_is_recorded_with_the_trainers_own_values(tmp_path: Path, socket_dir: Path):
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    train(out, runs, socket_dir, "--steps", "20", "--logging-steps", "5")
+    ledger = ledger_file(runs)
+    run_record = records(ledger, "run")[0]
+    assert run_record["model"] == "GPT2LMHeadModel"
+    assert run_record["optimizer"] == "AdamW in AcceleratedOptimizer"
+    assert run_record["step_per"] == "optimizer"
+    steps = records(ledger, "step")
+    assert [s["step"] for s in steps] == list(range(20))  # every optimizer step, not only the logging ones
+    history = json.loads((out / "log_history.json").read_text())
+    logged = {h["step"]: h for h in history if "grad_norm" in h}
+    assert sorted(logged) == [5, 10, 15, 20]
+    for step, h in logged.items():  # the Trainer's global_step g is the ledger's step g - 1
+        s = steps[step - 1]
+        assert s["grad_norm"] == pytest.approx(h["grad_norm"], rel=1e-6)  # the pre-clip norm it clipped with
+        assert s["lr"][0] == pytest.approx(h["learning_rate"], rel=1e-6)
+        mean = statistics.fmean(x["loss"] for x in steps[step - 5 : step])  # the Trainer logs the interval's mean
+        assert mean == pytest.approx(h["loss"], rel=1e-3)
+    for s in steps:
+        assert s["micro_batches"] == 2  # gradient_accumulation_steps=2: one record per optimizer step
+        assert s["batch_shape"]["input_ids"] == [4, 16]
+        assert 0 < s["tokens"] <= 2 * 4 * 16  # from attention_mask: its padding is not counted
+        assert s["data_wait_s"] is not None
+    assert any(s["tokens"] < 128 for s in steps)
+    evals = records(ledger, "eval")
+    evaluated = [h for h in history if "eval_loss" in h]
+    assert [e["step"] for e in evals] == [9, 19]
+    assert [e["loss"] for e in evals] == pytest.approx([h["eval_loss"] for h in evaluated])
+    assert all(e["training"] is False for e in evals)
+    assert records(ledger, "end")[-1]["reason"] == "finished"
+
+
+def reply(stream: Any, cmd_id: int) -> dict[str, Any]:
+    for record in stream:
+        if record.get("kind") == "action" and record.get("id") == cmd_id:
+            return record  # type: ignore[no-any-return]
+    raise AssertionError(f"the run closed the connection before replying to command {cmd_id}")
+
+
+def test_c_makes_the_trainers_checkpoint_that_resume_accepts_and_s_stops(tmp_path: Path, socket_dir: Path):
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--run-dir", str(runs), "--steps", "100000"]
+    proc = subprocess.Popen(cmd, env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    STARTED.append(proc)
+    path = wait_until(lambda: next(iter(list_sockets(socket_dir)), None), 120, "the run's socket").path
+    sock = connect(path, timeout=60)
+    stream = iter_records(sock)
+    next(r for r in stream if r.get("kind") == "step" and r["step"] >= 3)
+    sock.sendall(command_line("checkpoint", 1))
+    saved = reply(stream, 1)
+    sock.sendall(command_line("stop", 2))
+    stopped = reply(stream, 2)
+    sock.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert saved["ok"], saved
+    assert stopped["ok"], stopped
+    checkpoint = Path(saved["path"])
+    assert checkpoint.parent == out
+    assert (checkpoint / "trainer_state.json").is_file()  # the Trainer's own checkpoint, written by the Trainer
+    assert Path(stopped["path"]).is_dir()  # s saves, then stops
+    done_at = json.loads((Path(stopped["path"]) / "trainer_state.json").read_text())["global_step"]
+    ledger = ledger_file(runs)
+    assert records(ledger, "end")[-1]["reason"] == "stopped"
+    assert len(records(ledger, "step")) == done_at < 100000
+
+    # The Trainer resumes from the checkpoint c made, and trains on from its step.
+    step_c = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    resumed_runs = tmp_path / "resumed"
+    train(out, resumed_runs, socket_dir, "--resume", str(checkpoint), "--steps", str(step_c + 4))
+    history = json.loads((out / "log_history.json").read_text())
+    assert history[-1]["step"] == step_c + 4
+    assert len(records(ledger_file(resumed_runs), "step")) == 4

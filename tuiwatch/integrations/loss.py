@@ -1,0 +1,63 @@
+"""The loss of a loop that does not log it: the scalars ``backward()`` runs on, summed until the optimizer steps.
+
+That sum is what the update descends: with gradient accumulation, a loop that
+divides each micro-batch's loss by N gets the mean, one that does not gets the
+sum, and a Trainer's per-step loss is the same sum. ``Tensor.backward`` and
+``GradScaler.scale`` are wrapped while a :class:`BackwardLoss` is installed; a
+tensor that ``scale`` returned counts as the loss it scaled.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def wrap_attribute(owner: type, name: str, make: Callable[[Any], Any]) -> Callable[[], None]:
+    """Replace ``owner.name`` with ``make(original)``; returns what puts the original back."""
+    original = owner.__dict__[name]
+    setattr(owner, name, make(original))
+    return lambda: setattr(owner, name, original)
+
+
+class BackwardLoss:
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+        self.enabled = True
+        self._scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
+        self._undo: list[Callable[[], None]] = []
+
+    def install(self) -> None:
+        self._undo.append(wrap_attribute(torch.Tensor, "backward", self._backward))
+        self._undo.append(wrap_attribute(torch.amp.GradScaler, "scale", self._scale))
+
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def take(self) -> torch.Tensor | None:
+        """The sum since the last take (None when nothing was backpropagated); starts the next."""
+        total, self.total = self.total, None
+        return total
+
+    def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if self.enabled and tensor.numel() == 1:
+                scaled = self._scaled
+                value = (scaled[1] if scaled is not None and scaled[0]() is tensor else tensor).detach()
+                self.total = value if self.total is None else self.total + value  # on the device: no sync
+            return original(tensor, *args, **kwargs)
+
+        return backward
+
+    def _scale(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def scale(scaler: Any, outputs: Any) -> Any:
+            result = original(scaler, outputs)
+            if isinstance(outputs, torch.Tensor) and isinstance(result, torch.Tensor):
+                self._scaled = (weakref.ref(result), outputs)
+            return result
+
+        return scale
