@@ -52,18 +52,15 @@ def test_the_publisher_loads_torch_but_never_textual():
     assert loaded_after(["tuiwatch.publisher.dumps", "tuiwatch.microscope.first_nonfinite"]) == {"torch"}
     assert loaded_after(["tuiwatch.integrations.script"]) == {"torch"}
     assert loaded_after(["tuiwatch.hf"]) == {"torch"}  # and transformers, never Textual
+    assert loaded_after(["tuiwatch.lightning"]) == {"torch"}  # and Lightning, never Textual
 
 
 def test_an_integration_loads_its_framework_only_when_named():
-    check = "print('transformers' in sys.modules)"
-    out = subprocess.run(
-        [sys.executable, "-c", f"import sys, tuiwatch; tuiwatch.Watch; {check}; tuiwatch.hf; {check}"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    assert out.stdout.split() == ["False", "True"]
+    frameworks = "print(sorted(m for m in ('transformers', 'pytorch_lightning') if m in sys.modules))"
+    steps = ["tuiwatch.Watch", "tuiwatch.hf", "tuiwatch.lightning"]
+    code = "import sys, tuiwatch\n" + "\n".join(f"{step}\n{frameworks}" for step in steps)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.splitlines() == ["[]", "['transformers']", "['pytorch_lightning', 'transformers']"]
 
 
 def test_run_help_does_not_import_torch():

@@ -46,8 +46,9 @@ __all__ = [
 ]
 
 
-# Integrations, as submodules that import their framework only when named: tuiwatch.hf.TuiwatchCallback.
-_SUBMODULES = {"hf": "tuiwatch.hf"}
+# Integrations, as submodules that import their framework only when named: tuiwatch.hf.TuiwatchCallback,
+# tuiwatch.lightning.TuiwatchCallback.
+_SUBMODULES = {"hf": "tuiwatch.hf", "lightning": "tuiwatch.lightning"}
 
 
 def __getattr__(name: str) -> Any:

@@ -93,6 +93,7 @@ class ModelHooks:
         checking: bool,
         update_norm_every: int,
         param_norm_every: int,
+        late_gradients: bool = False,
     ):
         self.tracker = tracker
         self.failures = failures
@@ -101,6 +102,8 @@ class ModelHooks:
         self.checking = checking  # on_nonfinite "stop" or "skip": the grad norm is read before the update
         self.update_norm_every = update_norm_every
         self.param_norm_every = param_norm_every
+        # The gradients are made inside optimizer.step(closure) (Lightning): measured when gradients_ready() says.
+        self.late_gradients = late_gradients
         self._before_update: list[torch.Tensor] | None = None
         self._param_cache: tuple[int, list[torch.Tensor]] = (-1, [])
         self._kept_snapshot: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (params, buffers)
@@ -186,17 +189,26 @@ class ModelHooks:
         if s.device_start is not None:
             s.opt_start_mark = device_mark()
         params = self.params()
-        measured = tracker.measured(s)
+        if not self.late_gradients:
+            self._measure_gradients(s, params)
+        if tracker.measured(s) and tracker.opt_steps % self.update_norm_every == 0 and not s.opt_skipped:
+            self._before_update = self._snapshot(params)
+
+    def gradients_ready(self) -> None:
+        """``late_gradients``: this step's gradients are complete (after backward, before any clipping)."""
+        if not self.tracker.off:
+            self._measure_gradients(self.tracker.current(), self.params())
+
+    def _measure_gradients(self, s: StepState, params: list[torch.Tensor]) -> None:
+        """The pre-clip norm (unless a clip gave it) and, for "stop"/"skip", the non-finite check before the update."""
         checking = self.checking
-        if s.grad_norm is None and (measured or checking):
+        if s.grad_norm is None and (self.tracker.measured(s) or checking):
             s.grad_norm = total_norm([p.grad for p in params if p.grad is not None])
         if isinstance(s.grad_norm, torch.Tensor):
             # "stop"/"skip" must know now: free on the CPU, the one documented sync per step on CUDA.
             s.grad_norm = s.grad_norm.item() if checking else defer(s.grad_norm)
         if checking and isinstance(s.grad_norm, float) and not math.isfinite(s.grad_norm):
             self.failures.nonfinite_gradients(s, params)
-        if measured and tracker.opt_steps % self.update_norm_every == 0 and not s.opt_skipped:
-            self._before_update = self._snapshot(params)
 
     def after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         tracker = self.tracker

@@ -55,7 +55,9 @@ class Watch:
     ``integration`` (what an integration sees and does not, for the run
     record) and ``checkpoint_with`` (a callable that makes the framework's own
     checkpoint at the boundary where ``c`` or ``s`` runs, returning where it
-    goes) are for integrations: docs/integrations.md.
+    goes) and ``late_gradients`` (the gradients are made inside
+    ``optimizer.step(closure)``, so the pre-clip norm and the non-finite check
+    wait for :meth:`gradients_ready`) are for integrations: docs/integrations.md.
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class Watch:
         run_id: str | None = None,
         integration: dict[str, Any] | None = None,
         checkpoint_with: Callable[[], str] | None = None,
+        late_gradients: bool = False,
     ):
         _check_arguments(model, optimizer, on_nonfinite=on_nonfinite, stop=stop, every=every, step_per=step_per)
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
@@ -165,6 +168,7 @@ class Watch:
             checking=on_nonfinite != "warn",
             update_norm_every=self.update_norm_every,
             param_norm_every=self.param_norm_every,
+            late_gradients=late_gradients,
         )
         self._hooks.attach()
         self._replicated = replicated(model, optimizer, self.run_record["world_size"])
@@ -264,21 +268,31 @@ class Watch:
             if batch is not None:
                 tracker.add_batch(s, batch, batch_ids)
 
-    def end_step(self) -> None:
+    def end_step(self) -> bool:
         """End the open step here, without opening the next one (for integrations that see a step's end).
 
         What runs until the next boundary (validation, the loop's own logging
         or checkpoint) belongs to no step. A viewer's queued commands run here,
         as at any boundary. With ``step_per="optimizer"``, a step ends only
-        once its optimizer has stepped: before that this does nothing.
+        once its optimizer has stepped: before that this does nothing. True
+        when a step ended.
         """
         tracker = self._tracker
         if tracker.off or tracker.folding():
-            return
+            return False
         tracker.end(time.perf_counter())
         if self._commands.pending():
             self._commands.at_boundary()
             tracker.last_boundary = time.perf_counter()  # a pause is no step's time
+        return True
+
+    def gradients_ready(self) -> None:
+        """With ``Watch(late_gradients=True)``: this step's gradients are complete, before any clipping.
+
+        The pre-clip gradient norm is measured now and, with
+        ``on_nonfinite="stop"`` or ``"skip"``, checked before the update.
+        """
+        self._hooks.gradients_ready()
 
     @contextmanager
     def fetching(self) -> Iterator[None]:

@@ -1,0 +1,122 @@
+"""``tuiwatch.lightning.TuiwatchCallback`` on a real Lightning Trainer: a LightningModule on synthetic data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuiwatch.ledger.ranks import rank_ledgers
+from tuiwatch.wire.protocol import command_line, connect, iter_records
+from tuiwatch.wire.socketdir import list_sockets
+
+from ..helpers import SCRIPTS, STARTED, env_for, ledger_file, records, wait_until
+
+pytest.importorskip("pytorch_lightning")
+pytestmark = pytest.mark.integration
+
+SCRIPT = SCRIPTS / "lightning_train.py"
+STEPS_PER_EPOCH = 16  # 512 samples in batches of 32
+
+
+def fit(tmp_path: Path, socket_dir: Path, *args: str, name: str = "runs") -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(SCRIPT), "--root", str(tmp_path / "root"), "--run-dir", str(tmp_path / name), *args]
+    return subprocess.run(cmd, env=env_for(socket_dir), capture_output=True, text=True, timeout=180)
+
+
+def test_steps_hold_what_the_module_computed_with_accumulation_and_clipping(tmp_path: Path, socket_dir: Path):
+    done = fit(tmp_path, socket_dir, "--accumulate", "2", "--clip", "1.0", "--truth", str(tmp_path / "t.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = json.loads((tmp_path / "t.json").read_text())
+    ledger = ledger_file(tmp_path / "runs")
+    assert records(ledger, "run")[0]["model"] == "Classifier"
+    steps = records(ledger, "step")
+    assert len(steps) == len(truth["norms"]) == 2 * STEPS_PER_EPOCH // 2  # an optimizer step per 2 batches
+    losses = truth["losses"]
+    pairs = [a + b for a, b in zip(losses[::2], losses[1::2], strict=True)]
+    assert [s["loss"] for s in steps] == pytest.approx(pairs, rel=1e-5)
+    # The norm before clipping, measured at on_before_optimizer_step: Lightning's own grad_norm of the same moment.
+    assert [s["grad_norm"] for s in steps] == pytest.approx(truth["norms"], rel=1e-5)
+    assert [s["grad_norm_clipped"] for s in steps] == [n > 1.0 for n in truth["norms"]]
+    assert [s["lr"] for s in steps] == [[0.1]] * 8 + [[0.05]] * 8  # the StepLR of configure_optimizers
+    assert [s["epoch"] for s in steps] == [0] * 8 + [1] * 8
+    assert all(s["micro_batches"] == 2 and s["batch_shape"] == [[32, 8], [32]] for s in steps)
+    assert all(s["data_wait_s"] is not None and s["opt_step"] == s["step"] + 1 for s in steps)
+    evals = records(ledger, "eval")  # the sanity check's validation is not one
+    assert [e["step"] for e in evals] == [7, 15]
+    assert [e["loss"] for e in evals] == pytest.approx(truth["val_losses"])
+    assert all(e["training"] is False for e in evals)
+    assert records(ledger, "end")[-1]["reason"] == "finished"
+
+
+def test_a_planted_nan_stops_before_its_update_at_its_step(tmp_path: Path, socket_dir: Path):
+    done = fit(tmp_path, socket_dir, "--nan-at", "5", "--truth", str(tmp_path / "t.json"))
+    assert done.returncode != 0
+    assert "NonFiniteError: nonfinite: first at step 5" in done.stderr
+    assert json.loads((tmp_path / "t.json").read_text())["global_step"] == 5  # the bad update was not taken
+    ledger = ledger_file(tmp_path / "runs")
+    last = records(ledger, "step")[-1]
+    assert last["step"] == 5
+    assert last["opt_skipped"] is True
+    assert last["finite"]["forward"] is False
+    assert [(a["rule"], a["step"]) for a in records(ledger, "alert")] == [("nonfinite", 5)]
+    assert records(ledger, "end")[-1]["reason"] == "nonfinite"
+
+
+def reply(stream: Any, cmd_id: int) -> dict[str, Any]:
+    for record in stream:
+        if record.get("kind") == "action" and record.get("id") == cmd_id:
+            return record  # type: ignore[no-any-return]
+    raise AssertionError(f"the run closed the connection before replying to command {cmd_id}")
+
+
+def test_c_saves_a_lightning_checkpoint_that_fit_resumes_and_s_stops(tmp_path: Path, socket_dir: Path):
+    cmd = [sys.executable, str(SCRIPT), "--root", str(tmp_path / "root"), "--run-dir", str(tmp_path / "runs")]
+    proc = subprocess.Popen(
+        [*cmd, "--epochs", "1000"], env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    STARTED.append(proc)
+    path = wait_until(lambda: next(iter(list_sockets(socket_dir)), None), 120, "the run's socket").path
+    sock = connect(path, timeout=60)
+    stream = iter_records(sock)
+    next(r for r in stream if r.get("kind") == "step" and r["step"] >= 3)
+    sock.sendall(command_line("checkpoint", 1))
+    saved = reply(stream, 1)
+    sock.sendall(command_line("stop", 2))
+    stopped = reply(stream, 2)
+    sock.close()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert saved["ok"], saved
+    assert stopped["ok"], stopped
+    checkpoint = Path(saved["path"])
+    assert checkpoint.name == f"lightning-step-{saved['steps_done']}.ckpt"
+    assert checkpoint.is_file()
+    stopped_at = int(out.split("trained to step ")[1].split()[0])
+    assert stopped_at == stopped["steps_done"] < 1000 * STEPS_PER_EPOCH  # s: after its step, no further one
+    assert records(ledger_file(tmp_path / "runs"), "end")[-1]["reason"] == "stopped"
+
+    # Trainer.fit(ckpt_path=...) continues from the step c saved at, to the end of the next epoch.
+    resumed = fit(tmp_path, socket_dir, "--resume", str(checkpoint), "--epochs", "2", name="resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "trained to step 32" in resumed.stdout
+    assert len(records(ledger_file(tmp_path / "resumed"), "step")) == 32 - saved["steps_done"]
+
+
+def test_the_ddp_strategys_ranks_are_one_job_with_the_same_reduced_gradients(tmp_path: Path, socket_dir: Path):
+    done = fit(tmp_path, socket_dir, "--devices", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (job,) = (tmp_path / "runs").iterdir()  # Lightning's launcher starts rank 1 itself: one job all the same
+    ledgers = rank_ledgers(job)
+    assert sorted(ledgers) == [0, 1]
+    runs = [records(ledgers[r], "run")[0] for r in (0, 1)]
+    assert [(r["rank"], r["world_size"]) for r in runs] == [(0, 2), (1, 2)]
+    assert runs[0]["run_id"] == runs[1]["run_id"]
+    steps = [records(ledgers[r], "step") for r in (0, 1)]
+    assert [len(s) for s in steps] == [STEPS_PER_EPOCH, STEPS_PER_EPOCH]  # each rank half the data, 2 epochs
+    # After DDP's all-reduce both ranks hold the same gradients: the same pre-clip norms, step by step.
+    assert [s["grad_norm"] for s in steps[0]] == pytest.approx([s["grad_norm"] for s in steps[1]], rel=1e-6)

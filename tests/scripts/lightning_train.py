@@ -1,0 +1,115 @@
+"""A LightningModule on synthetic data, trained by a Lightning Trainer with tuiwatch's one line.
+
+    python tests/scripts/lightning_train.py --root DIR --run-dir RUNS [--epochs 2] [--accumulate 2]
+        [--clip 1.0] [--nan-at STEP] [--devices 2] [--resume CKPT] [--truth FILE]
+
+The module writes what it computed to ``--truth`` (each training batch's loss as it was backpropagated, and
+Lightning's own ``grad_norm`` total before clipping at each optimizer step), for the tests to hold the ledger
+against. ``--nan-at`` plants a NaN in the inputs of that optimizer step's first batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.utilities import grad_norm
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import tuiwatch
+
+
+class Classifier(pl.LightningModule):
+    def __init__(self, accumulate: int, nan_at: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+        self.accumulate, self.nan_at = accumulate, nan_at
+        self.losses: list[float] = []
+        self.norms: list[float] = []
+        self.val_losses: list[float] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if self.global_step == self.nan_at and batch_idx % self.accumulate == 0:
+            x = x.clone()
+            x[0, 0] = math.nan
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.losses.append(loss.item() / self.accumulate)  # Lightning divides by the accumulation
+        self.log("train_loss", loss)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        self.norms.append(float(grad_norm(self, norm_type=2)["grad_2.0_norm_total"]))
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.val_losses.append(self.trainer.callback_metrics["val_loss"].item())
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)}
+
+
+def data(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    return TensorDataset(x, (x[:, :3].argmax(dim=1)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--root", required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--accumulate", type=int, default=1)
+    p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--nan-at", type=int, default=-1)
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--resume", default=None)
+    p.add_argument("--truth", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    pl.seed_everything(0, verbose=False)
+    model = Classifier(args.accumulate, args.nan_at)
+    trainer = pl.Trainer(
+        default_root_dir=args.root,
+        max_epochs=args.epochs,
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        accumulate_grad_batches=args.accumulate,
+        gradient_clip_val=args.clip,
+        callbacks=[tuiwatch.lightning.TuiwatchCallback(run_dir=args.run_dir, name="lit")],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        logger=False,
+        num_sanity_val_steps=1,
+    )
+    train = DataLoader(data(512, 0), batch_size=32, shuffle=True)
+    val = DataLoader(data(128, 1), batch_size=64)
+    try:
+        trainer.fit(model, train, val, ckpt_path=args.resume)
+    finally:
+        if args.truth and trainer.global_rank == 0:
+            with open(args.truth, "w") as f:
+                truth = {"losses": model.losses, "norms": model.norms, "val_losses": model.val_losses}
+                json.dump({**truth, "global_step": trainer.global_step}, f)
+    print(f"trained to step {trainer.global_step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""``tuiwatch.lightning.TuiwatchCallback``: a Watch on a Lightning ``Trainer`` (2.x), in one line.
+
+    trainer = Trainer(callbacks=[tuiwatch.lightning.TuiwatchCallback()])
+
+The class is a Callback of ``lightning.pytorch`` and of ``pytorch_lightning``,
+whichever are installed, so either namespace's Trainer takes it. One ledger step
+per optimizer step (``step_per="optimizer"``), from Lightning's hooks:
+
+- the Watch is made at ``on_train_start`` on the LightningModule, the first
+  optimizer and its scheduler;
+- Lightning runs ``training_step`` and the backward inside
+  ``optimizer.step(closure)``, after torch's step pre-hook, so the Watch is made
+  with ``late_gradients``: the pre-clip norm is measured, and checked for
+  ``on_nonfinite``, at ``on_before_optimizer_step``, which Lightning calls after
+  the backward and before its clipping;
+- a **batch** is the one ``on_train_batch_start`` receives; its **data wait** is
+  the time since the previous batch ended (or validation did): Lightning
+  fetches it just before; accumulated batches fold into their optimizer step;
+- the **loss** is the sum of the losses ``on_before_backward`` receives during
+  the step (Lightning divides each by ``accumulate_grad_batches`` first);
+- **validation** is one ``eval`` record at the step it ran after: the metrics
+  it logged (the ``callback_metrics`` that changed during it), ``val_`` taken
+  off, and ``training`` as the model's forwards saw it;
+- keys: ``c`` calls ``trainer.save_checkpoint`` at the step's end (on every
+  rank: it is collective), which ``Trainer.fit(ckpt_path=...)`` resumes; ``s``
+  saves the same way and sets ``trainer.should_stop``; ``p`` pauses at the
+  step's end; ``d`` dumps the last batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
+from tuiwatch.publisher.watch import Watch
+
+
+def _callback_bases() -> tuple[type, ...]:
+    bases = []
+    try:
+        from lightning.pytorch import Callback as LightningCallback
+
+        bases.append(LightningCallback)
+    except ImportError:
+        pass
+    try:
+        from pytorch_lightning import Callback as PLCallback
+
+        bases.append(PLCallback)
+    except ImportError:
+        pass
+    if not bases:
+        raise ImportError("tuiwatch.lightning needs Lightning: pip install lightning (or pytorch-lightning)")
+    return tuple(bases)
+
+
+NOT_SEEN = [
+    "optimizers after the first (manual optimization, GANs): only the first is watched",
+    "data wait is the time between batches, less validation: Lightning's fetch itself is not timed",
+]
+VALIDATION_PREFIXES = ("val_", "val/", "valid_", "validation_", "validation/")
+
+
+class _Hooks:
+    """What the callback does; the Callback bases come from whichever Lightning is installed."""
+
+    def __init__(self, **watch_options: Any):
+        self.options = watch_options
+        self.watch: Watch | None = None
+        self._trainer: Any = None
+        self._idle_since = time.perf_counter()
+        self._loss: torch.Tensor | None = None
+        self._epoch: int | None = None
+        self._validation: ExitStack | None = None
+        self._metrics_before: dict[str, Any] = {}
+
+    # --- the run --------------------------------------------------------------------
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.watch is not None:
+            return
+        optimizers = trainer.optimizers
+        configs = getattr(trainer, "lr_scheduler_configs", [])
+        options = {"name": type(pl_module).__name__, **self.options}
+        if trainer.world_size > 1 and "run_id" not in options:
+            # Lightning's own launcher starts ranks 1.. from rank 0's process: no launcher they share to tell the
+            # job by, so rank 0's id goes to all (on_train_start runs on every rank: the broadcast is collective).
+            options["run_id"] = trainer.strategy.broadcast(uuid.uuid4().hex[:12], src=0)
+        self._trainer = trainer
+        self.watch = Watch(
+            pl_module,
+            optimizers[0] if optimizers else None,
+            scheduler=configs[0].scheduler if configs else None,
+            step_per="optimizer" if optimizers else "batch",
+            late_gradients=True,
+            checkpoint_with=self._lightning_checkpoint,
+            integration={"by": "tuiwatch.lightning.TuiwatchCallback", "not_seen": NOT_SEEN},
+            **options,
+        )
+        self._idle_since = time.perf_counter()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.watch is not None:
+            self.watch.close("stopped" if self.watch.should_stop else "finished")
+            self.watch = None
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        if self.watch is not None:
+            interrupted = isinstance(exception, KeyboardInterrupt)
+            self.watch.close("stopped" if interrupted else "exception")  # a NonFiniteError closed it already
+            self.watch = None
+
+    # --- steps ----------------------------------------------------------------------
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self._epoch = int(trainer.current_epoch)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        watch = self.watch
+        if watch is None:
+            return
+        watch.step(batch, data_wait_s=time.perf_counter() - self._idle_since, run_commands=False)
+        if self._epoch is not None:
+            watch.log(epoch=self._epoch)
+            self._epoch = None
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
+        if self.watch is not None and loss.numel() == 1:
+            value = loss.detach()
+            self._loss = value if self._loss is None else self._loss + value  # on the device: no sync
+            self.watch.log(loss=self._loss)  # now: a non-finite stop before the update names the loss
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        if self.watch is not None and self.watch.optimizer is not None:
+            self.watch.gradients_ready()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        watch = self.watch
+        if watch is None:
+            return
+        if watch.end_step():  # a viewer's c/d/p/s run here
+            self._loss = None
+        if watch.should_stop:
+            trainer.should_stop = True
+        self._idle_since = time.perf_counter()
+
+    def _lightning_checkpoint(self) -> str:
+        """``c`` and ``s``: Lightning's own checkpoint, by every rank at the same step (it is collective)."""
+        trainer, watch = self._trainer, self.watch
+        root = watch.run_dir if watch is not None and watch.run_dir is not None else Path(trainer.default_root_dir)
+        path = root / "checkpoints" / f"lightning-step-{trainer.global_step}.ckpt"
+        trainer.save_checkpoint(path)
+        return str(path)
+
+    # --- validation: one eval record ----------------------------------------------------
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.watch is None or trainer.sanity_checking:
+            return
+        self._metrics_before = dict(trainer.callback_metrics)
+        self._validation = ExitStack()
+        self._validation.enter_context(self.watch.validation())  # its forwards tell the model's mode
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        stack, self._validation = self._validation, None
+        if stack is None or self.watch is None:
+            return
+        before = self._metrics_before
+        changed = {k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v}
+        values = validation_metrics(changed)
+        if values:
+            self.watch.log(**values)
+        stack.close()
+        self._idle_since = time.perf_counter()
+
+
+def validation_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Metrics validation logged, as an eval record's: ``val_loss`` is ``loss`` (the viewer's loss chart); names
+    tuiwatch records itself, and what is not a finite scalar, are left out."""
+    values = {}
+    for key, value in metrics.items():
+        name = next((key[len(p) :] for p in VALIDATION_PREFIXES if key.startswith(p)), key)
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                continue
+            value = value.item()  # once a validation, off the training steps
+        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        if number and name not in RESERVED_METRIC_NAMES and name != "epoch":
+            values[name] = float(value)
+    return values
+
+
+TuiwatchCallback: type = type(
+    "TuiwatchCallback",
+    (_Hooks, *_callback_bases()),
+    {
+        "__doc__": """A Lightning ``Callback`` that publishes the Trainer's steps to ``tuiwatch attach``.
+
+    Keyword arguments go to the ``Watch`` (``name``, ``run_dir``,
+    ``on_nonfinite``, ``rules``, ...); ``name`` defaults to the
+    LightningModule's class name.
+    """,
+        "__module__": __name__,
+    },
+)
