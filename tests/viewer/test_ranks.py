@@ -104,6 +104,22 @@ def test_a_rank_with_a_slow_loader_is_named_as_the_one_the_others_wait_for():
     assert list(lines[0].recent)[-1] == (39, 0.001)
 
 
+def test_a_reconnected_ranks_history_is_not_judged_again_but_a_restarted_ranks_steps_are():
+    ranks = RanksState([0, 1], 2)
+    for rank in (0, 1):
+        ranks.connected(rank)
+        ranks.apply(rank, [{**run(rank), "pid": 10 + rank}, *(step(n) for n in range(30))], now=1.0)
+    judged = ranks.straggler.seen
+    assert judged == 60
+    ranks.connected(1)  # the same process again: its stream starts over at its run record and history
+    ranks.apply(1, [{**run(1), "pid": 11}, *(step(n) for n in range(32))], now=2.0)
+    assert ranks.straggler.seen == judged + 2  # only steps 30 and 31 are new
+    assert ranks.ranks[1].step == 31
+    ranks.connected(1)  # a new process for rank 1 (restarted): its steps from 0 are new
+    ranks.apply(1, [{**run(1), "pid": 99}, *(step(n) for n in range(5))], now=3.0)
+    assert ranks.straggler.seen == judged + 7
+
+
 def test_a_large_job_is_summarised_with_the_ranks_worth_a_look():
     n = 64
     ranks = RanksState(range(n), n)

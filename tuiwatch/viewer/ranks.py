@@ -88,6 +88,9 @@ class RanksState:
         self.straggler = Straggler()
         self.waited_for: int | None = None  # the rank the straggler rule names, until it clears
         self._sent: dict[int, _Sent] = {}
+        # The last step of each rank the straggler rule has seen, and of which process: a reconnected rank's
+        # stream starts again at its history, which the rule must not take for new steps.
+        self._judged: dict[int, tuple[int | None, int]] = {}
         self._settled: deque[int] = deque(maxlen=64)  # this viewer's commands already answered by every rank
 
     # --- records in ----------------------------------------------------------------
@@ -102,7 +105,8 @@ class RanksState:
             kind = r.get("kind")
             if kind == "step":
                 self._step(state, r)
-                out += self._judge(rank, r)
+                if self._new_to_the_rule(rank, state):
+                    out += self._judge(rank, r)
                 if lead:
                     out.append(r)
             elif kind == "alert":
@@ -152,6 +156,17 @@ class RanksState:
             state.memory = mem
             if state.step is not None:
                 state.memory_series.add(state.step, mem)
+
+    def _new_to_the_rule(self, rank: int, state: RankState) -> bool:
+        pid, judged = self._judged.get(rank, (None, -1))
+        if state.step is None:
+            return True
+        if state.pid != pid:  # another process for this rank (a restart): its steps count again from 0
+            judged = -1
+        if state.step <= judged:
+            return False
+        self._judged[rank] = (state.pid, state.step)
+        return True
 
     def _judge(self, rank: int, r: Record) -> list[Record]:
         alert = self.straggler.observe({**r, "rank": rank})
