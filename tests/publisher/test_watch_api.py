@@ -165,6 +165,38 @@ def test_a_loop_without_a_loader_uses_step(run_root: Path, socket_dir: Path):
     assert all(s["accuracy"] == 0.5 and s["compute_s"] > 0 and s["batch_shape"] is None for s in steps)
 
 
+def test_an_integrations_boundaries_timed_waits_and_late_gradients(run_root: Path, socket_dir: Path):
+    """What the integrations use: step(data_wait_s=) opens or folds, end_step() ends after the optimizer
+    stepped, and with late_gradients the norm is the one at gradients_ready(), not at optimizer.step()."""
+    model, optimizer = _mlp()
+    watch = Watch(
+        model, optimizer, run_dir=run_root, system=False, step_per="optimizer", late_gradients=True, quiet=True
+    )
+    (x1, y1), (x2, y2) = _data(2)
+    grads_at: list[float] = []
+    watch.step((x1, y1), data_wait_s=0.5)
+    watch.step((x2, y2), data_wait_s=0.25)  # before the optimizer stepped: a second micro-batch
+    assert watch.end_step() is False  # nothing ends before the optimizer steps
+
+    def closure() -> torch.Tensor:  # the gradients are made inside step(), after torch's step pre-hook
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(torch.cat([x1, x2])), torch.cat([y1, y2]))
+        loss.backward()
+        watch.gradients_ready()
+        grads_at.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm().item())
+        return loss
+
+    optimizer.step(closure)
+    assert watch.end_step() is True
+    assert watch.end_step() is False  # no step open any more
+    watch.close()
+    (step,) = [r for r in _ledger(watch) if r["kind"] == "step"]
+    assert step["micro_batches"] == 2
+    assert step["data_wait_s"] == pytest.approx(0.75)
+    assert step["opt_step"] == 1
+    assert step["grad_norm"] == pytest.approx(grads_at[0], rel=1e-6)
+
+
 def test_attention_mask_gives_the_token_count(run_root: Path, socket_dir: Path):
     model = nn.Embedding(10, 2)
     batch = {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 0]]), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}

@@ -52,12 +52,12 @@ class Watch:
     the socket and the system sampler, and nothing on the training thread
     waits for a viewer, the disk or the device.
 
-    ``integration`` (what an integration sees and does not, for the run
-    record) and ``checkpoint_with`` (a callable that makes the framework's own
-    checkpoint at the boundary where ``c`` or ``s`` runs, returning where it
-    goes) and ``late_gradients`` (the gradients are made inside
-    ``optimizer.step(closure)``, so the pre-clip norm and the non-finite check
-    wait for :meth:`gradients_ready`) are for integrations: docs/integrations.md.
+    Three arguments are for integrations (docs/integrations.md):
+    ``integration``, what one sees and does not, for the run record;
+    ``checkpoint_with``, a callable that makes the framework's own checkpoint
+    at the boundary where ``c`` or ``s`` runs and returns where it goes;
+    ``late_gradients``, for gradients made inside ``optimizer.step(closure)``:
+    the pre-clip norm and the non-finite check wait for :meth:`gradients_ready`.
     """
 
     def __init__(
@@ -280,11 +280,12 @@ class Watch:
         tracker = self._tracker
         if tracker.off or tracker.folding():
             return False
+        ended = tracker.cur is not None
         tracker.end(time.perf_counter())
         if self._commands.pending():
             self._commands.at_boundary()
             tracker.last_boundary = time.perf_counter()  # a pause is no step's time
-        return True
+        return ended
 
     def gradients_ready(self) -> None:
         """With ``Watch(late_gradients=True)``: this step's gradients are complete, before any clipping.
