@@ -178,13 +178,13 @@ def test_an_integrations_boundaries_timed_waits_and_late_gradients(run_root: Pat
     watch.step((x2, y2), data_wait_s=0.25)  # before the optimizer stepped: a second micro-batch
     assert watch.end_step() is False  # nothing ends before the optimizer steps
 
-    def closure() -> torch.Tensor:  # the gradients are made inside step(), after torch's step pre-hook
+    def closure() -> float:  # the gradients are made inside step(), after torch's step pre-hook
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(torch.cat([x1, x2])), torch.cat([y1, y2]))
         loss.backward()
         watch.gradients_ready()
-        grads_at.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm().item())
-        return loss
+        grads_at.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).norm().item())
+        return loss.item()
 
     optimizer.step(closure)
     assert watch.end_step() is True
