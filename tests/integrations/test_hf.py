@@ -7,14 +7,11 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tuiwatch.wire.protocol import command_line, connect, iter_records
-from tuiwatch.wire.socketdir import list_sockets
-
-from ..helpers import SCRIPTS, STARTED, env_for, ledger_file, records, wait_until
+from ..helpers import SCRIPTS, env_for, ledger_file, records
+from .keys import checkpoint_then_stop
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.integration
@@ -62,29 +59,12 @@ def test_every_optimizer_step_is_recorded_with_the_trainers_own_values(tmp_path:
     assert records(ledger, "end")[-1]["reason"] == "finished"
 
 
-def reply(stream: Any, cmd_id: int) -> dict[str, Any]:
-    for record in stream:
-        if record.get("kind") == "action" and record.get("id") == cmd_id:
-            return record  # type: ignore[no-any-return]
-    raise AssertionError(f"the run closed the connection before replying to command {cmd_id}")
-
-
 def test_c_makes_the_trainers_checkpoint_that_resume_accepts_and_s_stops(tmp_path: Path, socket_dir: Path):
     out, runs = tmp_path / "out", tmp_path / "runs"
     cmd = [sys.executable, str(SCRIPT), "--out", str(out), "--run-dir", str(runs), "--steps", "100000"]
-    proc = subprocess.Popen(cmd, env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    STARTED.append(proc)
-    path = wait_until(lambda: next(iter(list_sockets(socket_dir)), None), 120, "the run's socket").path
-    sock = connect(path, timeout=60)
-    stream = iter_records(sock)
-    next(r for r in stream if r.get("kind") == "step" and r["step"] >= 3)
-    sock.sendall(command_line("checkpoint", 1))
-    saved = reply(stream, 1)
-    sock.sendall(command_line("stop", 2))
-    stopped = reply(stream, 2)
-    sock.close()
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
+    done = checkpoint_then_stop(cmd, socket_dir)
+    saved, stopped = done.saved, done.stopped
+    assert done.returncode == 0, done.err[-3000:]
     assert saved["ok"], saved
     assert stopped["ok"], stopped
     checkpoint = Path(saved["path"])

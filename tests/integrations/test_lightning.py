@@ -6,15 +6,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tuiwatch.ledger.ranks import rank_ledgers
-from tuiwatch.wire.protocol import command_line, connect, iter_records
-from tuiwatch.wire.socketdir import list_sockets
 
-from ..helpers import SCRIPTS, STARTED, env_for, ledger_file, records, wait_until
+from ..helpers import SCRIPTS, env_for, ledger_file, records
+from .keys import checkpoint_then_stop
 
 pytest.importorskip("pytorch_lightning")
 pytestmark = pytest.mark.integration
@@ -67,30 +65,11 @@ def test_a_planted_nan_stops_before_its_update_at_its_step(tmp_path: Path, socke
     assert records(ledger, "end")[-1]["reason"] == "nonfinite"
 
 
-def reply(stream: Any, cmd_id: int) -> dict[str, Any]:
-    for record in stream:
-        if record.get("kind") == "action" and record.get("id") == cmd_id:
-            return record  # type: ignore[no-any-return]
-    raise AssertionError(f"the run closed the connection before replying to command {cmd_id}")
-
-
 def test_c_saves_a_lightning_checkpoint_that_fit_resumes_and_s_stops(tmp_path: Path, socket_dir: Path):
     cmd = [sys.executable, str(SCRIPT), "--root", str(tmp_path / "root"), "--run-dir", str(tmp_path / "runs")]
-    proc = subprocess.Popen(
-        [*cmd, "--epochs", "1000"], env=env_for(socket_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    STARTED.append(proc)
-    path = wait_until(lambda: next(iter(list_sockets(socket_dir)), None), 120, "the run's socket").path
-    sock = connect(path, timeout=60)
-    stream = iter_records(sock)
-    next(r for r in stream if r.get("kind") == "step" and r["step"] >= 3)
-    sock.sendall(command_line("checkpoint", 1))
-    saved = reply(stream, 1)
-    sock.sendall(command_line("stop", 2))
-    stopped = reply(stream, 2)
-    sock.close()
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-3000:]
+    done = checkpoint_then_stop([*cmd, "--epochs", "1000"], socket_dir)
+    saved, stopped, out = done.saved, done.stopped, done.out
+    assert done.returncode == 0, done.err[-3000:]
     assert saved["ok"], saved
     assert stopped["ok"], stopped
     checkpoint = Path(saved["path"])
