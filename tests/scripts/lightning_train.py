@@ -3,6 +3,7 @@
     python tests/scripts/lightning_train.py --root DIR --run-dir RUNS [--epochs 2] [--accumulate 2]
         [--clip 1.0] [--nan-at STEP] [--devices 2] [--resume CKPT] [--truth FILE]
 
+``LIGHTNING_NAMESPACE=lightning.pytorch`` trains with that namespace's Trainer (default ``pytorch_lightning``).
 The module writes what it computed to ``--truth`` (each training batch's loss as it was backpropagated, and
 Lightning's own ``grad_norm`` total before clipping at each optimizer step), for the tests to hold the ledger
 against. ``--nan-at`` plants a NaN in the inputs of that optimizer step's first batch.
@@ -11,20 +12,23 @@ against. ``--nan-at`` plants a NaN in the inputs of that optimizer step's first 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
+import os
 from typing import Any
 
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.utilities import grad_norm
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import tuiwatch
 
+pl: Any = importlib.import_module(os.environ.get("LIGHTNING_NAMESPACE", "pytorch_lightning"))
+grad_norm = importlib.import_module(f"{pl.__name__}.utilities").grad_norm
 
-class Classifier(pl.LightningModule):
+
+class Classifier(pl.LightningModule):  # type: ignore[misc]
     def __init__(self, accumulate: int, nan_at: int):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
@@ -108,7 +112,7 @@ def main() -> None:
             with open(args.truth, "w") as f:
                 truth = {"losses": model.losses, "norms": model.norms, "val_losses": model.val_losses}
                 json.dump({**truth, "global_step": trainer.global_step}, f)
-    print(f"trained to step {trainer.global_step}", flush=True)
+    print(f"trained to step {trainer.global_step} with {pl.__name__}.Trainer", flush=True)
 
 
 if __name__ == "__main__":

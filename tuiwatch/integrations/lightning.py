@@ -43,7 +43,7 @@ from tuiwatch.publisher.watch import Watch
 
 
 def _callback_bases() -> tuple[type, ...]:
-    bases = []
+    bases: list[type] = []
     try:
         from lightning.pytorch import Callback as LightningCallback
 
