@@ -97,3 +97,18 @@ except SystemExit:
 
 def test_the_pure_viewer_parts_load_neither():
     assert loaded_after(["tuiwatch.viewer.state", "tuiwatch.viewer.render.chart", "tuiwatch.analysis.report"]) == set()
+
+
+@pytest.mark.parametrize(
+    ("name", "frameworks", "says"),
+    [
+        ("hf", ["transformers"], "tuiwatch.hf needs transformers 5"),
+        ("lightning", ["lightning", "lightning.pytorch", "pytorch_lightning"], "tuiwatch.lightning needs Lightning 2"),
+    ],
+)
+def test_an_integration_without_its_framework_says_what_to_install(name: str, frameworks: list[str], says: str):
+    hide = "; ".join(f"sys.modules[{m!r}] = None" for m in frameworks)  # as if not installed
+    code = f"import sys; {hide}; import tuiwatch\ntry:\n    tuiwatch.{name}\nexcept ImportError as e:\n    print(e)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.startswith(says)
+    assert f"pip install 'tuiwatch[{name}]'" in out.stdout

@@ -36,7 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # named without transformers installed: one line that says what to install
+    raise ImportError(f"tuiwatch.hf needs transformers 5 ({exc}): pip install 'tuiwatch[hf]'") from None
 
 from tuiwatch.integrations.loss import BackwardLoss
 from tuiwatch.ledger.records import RESERVED_METRIC_NAMES

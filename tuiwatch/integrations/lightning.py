@@ -57,7 +57,7 @@ def _callback_bases() -> tuple[type, ...]:
     except ImportError:
         pass
     if not bases:
-        raise ImportError("tuiwatch.lightning needs Lightning: pip install lightning (or pytorch-lightning)")
+        raise ImportError("tuiwatch.lightning needs Lightning 2: pip install 'tuiwatch[lightning]'")
     return tuple(bases)
 
 
