@@ -83,3 +83,17 @@ def test_c_makes_the_trainers_checkpoint_that_resume_accepts_and_s_stops(tmp_pat
     history = json.loads((out / "log_history.json").read_text())
     assert history[-1]["step"] == step_c + 4
     assert len(records(ledger_file(resumed_runs), "step")) == 4
+
+
+def test_a_nan_stops_the_trainer_before_its_update_naming_the_loss(tmp_path: Path, socket_dir: Path):
+    cmd = [sys.executable, str(SCRIPT), "--out", str(tmp_path / "out"), "--run-dir", str(tmp_path / "runs")]
+    done = subprocess.run([*cmd, "--nan-at", "6"], env=env_for(socket_dir), capture_output=True, text=True, timeout=180)
+    assert done.returncode != 0
+    assert "NonFiniteError: nonfinite: first at step 6" in done.stderr
+    assert "loss nan" in done.stderr  # logged at on_pre_optimizer_step, before the check
+    ledger = ledger_file(tmp_path / "runs")
+    last = records(ledger, "step")[-1]
+    assert last["step"] == 6
+    assert last["opt_skipped"] is True
+    assert [(a["rule"], a["step"]) for a in records(ledger, "alert")] == [("nonfinite", 6)]
+    assert records(ledger, "end")[-1]["reason"] == "nonfinite"

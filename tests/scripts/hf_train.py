@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 import tuiwatch
 
@@ -36,6 +36,18 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": labels}
 
 
+class PoisonAt(TrainerCallback):  # type: ignore[misc]
+    """A NaN written into one embedding weight before optimizer step ``step``: the run's loss turns NaN there."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.transformer.wte.weight[:, 0] = float("nan")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -44,6 +56,7 @@ def main() -> None:
     p.add_argument("--accumulate", type=int, default=2)
     p.add_argument("--resume", default=None)
     p.add_argument("--logging-steps", type=int, default=5)
+    p.add_argument("--nan-at", type=int, default=-1, help="poison the weights before this optimizer step")
     args = p.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -72,7 +85,7 @@ def main() -> None:
         args=training,
         train_dataset=Tokens(256, 0),
         eval_dataset=Tokens(32, 1),
-        callbacks=[callback],
+        callbacks=[callback, PoisonAt(args.nan_at)],
     )
     trainer.train(resume_from_checkpoint=args.resume)
     history: list[dict[str, Any]] = trainer.state.log_history

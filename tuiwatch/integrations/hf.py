@@ -123,14 +123,16 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
             watch.log(epoch=self._epoch)
             self._epoch = None
 
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        loss = self.loss.take()
+        if self.watch is not None and loss is not None:
+            self.watch.log(loss=loss)  # before the update: a non-finite stop there names the loss
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         watch = self.watch
         if watch is None:
             return
         self._args, self._state, self._control = args, state, control
-        loss = self.loss.take()
-        if loss is not None:
-            watch.log(loss=loss)
         watch.end_step()  # a viewer's c/d/p/s run here
         if watch.should_stop:
             control.should_training_stop = True
