@@ -21,6 +21,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help="run an unmodified training script with a Watch attached",
+        usage="tuiwatch run [-h] [--name NAME] [--run-dir DIR] [--on-nonfinite {stop,skip,warn}]\n"
+        "                    (SCRIPT [ARGS ...] | -m MODULE [ARGS ...])",
         description="Run a training script as python would (same argv, output and exit status), with a Watch "
         "found from its first optimizer step: grad norm, lr, data wait, batches, loss, the rules and the "
         "viewer's keys. Under torchrun: torchrun ... -m tuiwatch run train.py. tuiwatch's own options go "
@@ -34,7 +36,7 @@ def add_parser(sub: Any) -> None:
         default="stop",
         help="a NaN/Inf gradient: stop before the update (default), skip the update, or only warn",
     )
-    p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE", help="run a module, as python -m")
+    p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, help="MODULE [ARGS ...]: run a module, as python -m")
     p.add_argument("script", nargs=argparse.REMAINDER, help="the script and its arguments")
     p.set_defaults(run=run)
 
