@@ -74,6 +74,20 @@ def test_a_planted_nan_stops_before_its_update_at_its_step(tmp_path: Path, socke
     assert records(ledger, "end")[-1]["reason"] == "nonfinite"
 
 
+def test_with_skip_a_planted_nan_skips_that_update_and_training_goes_on(tmp_path: Path, socket_dir: Path):
+    done = fit(tmp_path, socket_dir, "--nan-at", "5", "--on-nonfinite", "skip", "--truth", str(tmp_path / "t.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = json.loads((tmp_path / "t.json").read_text())
+    assert truth["finite"]  # the NaN gradients never reached the weights
+    steps = records(ledger_file(tmp_path / "runs"), "step")
+    # Lightning still counts the skipped step (its optimizer.step ran, on no gradients); the ledger says it was skipped.
+    assert [s["step"] for s in steps] == list(range(2 * STEPS_PER_EPOCH))
+    assert [s["step"] for s in steps if s.get("opt_skipped")] == [5]
+    assert steps[5]["opt_step"] is None
+    assert steps[6]["opt_step"] == 6  # the optimizer steps counted are the updates made
+    assert records(ledger_file(tmp_path / "runs"), "end")[-1]["reason"] == "finished"
+
+
 def test_c_saves_a_lightning_checkpoint_that_fit_resumes_and_s_stops(tmp_path: Path, socket_dir: Path):
     cmd = [sys.executable, str(SCRIPT), "--root", str(tmp_path / "root"), "--run-dir", str(tmp_path / "runs")]
     done = checkpoint_then_stop([*cmd, "--epochs", "1000"], socket_dir)

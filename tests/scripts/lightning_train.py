@@ -52,7 +52,8 @@ class Classifier(pl.LightningModule):  # type: ignore[misc]
         return loss
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
-        self.norms.append(float(grad_norm(self, norm_type=2)["grad_2.0_norm_total"]))
+        # Empty after on_nonfinite="skip" dropped this step's gradients (callbacks' hooks run before the module's).
+        self.norms.append(float(grad_norm(self, norm_type=2).get("grad_2.0_norm_total", math.nan)))
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
@@ -81,6 +82,7 @@ def main() -> None:
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--nan-at", type=int, default=-1)
+    p.add_argument("--on-nonfinite", default="stop")
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--resume", default=None)
     p.add_argument("--truth", default=None)
@@ -96,7 +98,9 @@ def main() -> None:
         strategy="ddp" if args.devices > 1 else "auto",
         accumulate_grad_batches=args.accumulate,
         gradient_clip_val=args.clip,
-        callbacks=[tuiwatch.lightning.TuiwatchCallback(run_dir=args.run_dir, name="lit")],
+        callbacks=[
+            tuiwatch.lightning.TuiwatchCallback(run_dir=args.run_dir, name="lit", on_nonfinite=args.on_nonfinite)
+        ],
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=False,
@@ -110,7 +114,8 @@ def main() -> None:
     finally:
         if args.truth and trainer.global_rank == 0:
             with open(args.truth, "w") as f:
-                truth = {"losses": model.losses, "norms": model.norms, "val_losses": model.val_losses}
+                finite = all(bool(p.isfinite().all()) for p in model.parameters())
+                truth = {"losses": model.losses, "norms": model.norms, "val_losses": model.val_losses, "finite": finite}
                 json.dump({**truth, "global_step": trainer.global_step}, f)
     print(f"trained to step {trainer.global_step} with {pl.__name__}.Trainer", flush=True)
 
