@@ -18,6 +18,7 @@ from torch import nn
 
 import tuiwatch
 from tuiwatch.ledger.records import Record
+from tuiwatch.publisher.hooks import ForwardHook
 
 from ..helpers import records
 
@@ -64,6 +65,31 @@ def test_a_watched_model_pickles_deep_copies_and_saves_whole(run_root: Path, soc
     _train(watch, model, optimizer, 2)  # the run goes on as before
     watch.close()
     assert [s["step"] for s in _steps(watch)] == [0, 1, 2, 3, 4]
+
+
+def test_an_integrations_forward_pre_hook_stays_out_of_copies_and_the_users_stays_in(run_root: Path, socket_dir: Path):
+    model, _, watch = _watched(run_root)
+    seen: list[object] = []
+
+    def before_forward(module: nn.Module, args: object, kwargs: object) -> None:
+        seen.append(kwargs)
+
+    # What the Trainer callback registers: a ForwardHook (it holds its target weakly) as a pre-hook with kwargs.
+    ours = model.register_forward_pre_hook(ForwardHook(before_forward), with_kwargs=True)
+    model.register_forward_pre_hook(users_pre_hook)
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):  # noqa: S301 - bytes made here
+        assert list(clone._forward_pre_hooks.values()) == [users_pre_hook]
+        assert not clone._forward_pre_hooks_with_kwargs
+        clone(torch.randn(1, 2))
+    assert seen == []  # the copies never reached the integration's hook
+    model(torch.randn(1, 2))
+    assert len(seen) == 1  # the model's own hook is still there
+    ours.remove()
+    watch.close()
+
+
+def users_pre_hook(module: nn.Module, args: object) -> None:
+    """A forward pre-hook of the user's own."""
 
 
 def users_hook(module: nn.Module, args: object, output: object) -> None:
