@@ -157,3 +157,23 @@ def test_a_run_directory_that_cannot_be_made_leaves_the_script_running_unwatched
     assert "Test set: Average loss" in done.stdout
     assert "tuiwatch run: cannot watch this run (" in done.stderr
     assert "it runs unwatched" in done.stderr
+
+
+def test_a_script_without_an_optimizer_runs_and_is_told_nothing_was_watched(socket_dir: Path, tmp_path: Path):
+    script = tmp_path / "sgd_by_hand.py"  # word_language_model's default loop: p.data.add_(p.grad, alpha=-lr)
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "for _ in range(5):\n"
+        "    loss = model(torch.randn(8, 4)).pow(2).mean()\n"
+        "    model.zero_grad()\n"
+        "    loss.backward()\n"
+        "    for p in model.parameters():\n"
+        "        p.data.add_(p.grad, alpha=-0.1)\n"
+        "print('trained')\n"
+    )
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script)], socket_dir)
+    assert done.returncode == 0
+    assert done.stdout == "trained\n"
+    assert "no torch optimizer stepped in this script, so nothing was watched" in done.stderr
+    assert not (tmp_path / "runs").exists()

@@ -239,6 +239,10 @@ def run_script(
         hooks.remove()
         if hooks.watch is not None:
             hooks.watch.close(reason)
+        elif not hooks.declined:
+            # A loop that updates its weights by hand (p.data.add_(p.grad, ...)) has no step to find.
+            report("tuiwatch run: no torch optimizer stepped in this script, so nothing was watched; a loop that "
+                   "updates the weights itself needs the three lines (docs/integrations.md)")  # fmt: skip
     return status
 
 
