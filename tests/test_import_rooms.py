@@ -16,15 +16,16 @@ print(",".join(sorted(m for m in ("torch", "textual") if m in sys.modules)))
 """
 
 
+def python_prints(code: str, timeout: float = 60) -> str:
+    """What ``code`` prints in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=timeout
+    ).stdout
+
+
 def loaded_after(imports: list[str], extra: str = "") -> set[str]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHECK.format(imports=imports, extra=extra)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return set(filter(None, out.stdout.strip().split(",")))
+    out = python_prints(CHECK.format(imports=imports, extra=extra))
+    return set(filter(None, out.strip().split(",")))
 
 
 @pytest.mark.parametrize(
@@ -59,8 +60,8 @@ def test_an_integration_loads_its_framework_only_when_named():
     frameworks = "print(sorted(m for m in ('transformers', 'pytorch_lightning') if m in sys.modules))"
     steps = ["tuiwatch.Watch", "tuiwatch.hf", "tuiwatch.lightning"]
     code = "import sys, tuiwatch\n" + "\n".join(f"{step}\n{frameworks}" for step in steps)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
-    assert out.stdout.splitlines() == ["[]", "['transformers']", "['pytorch_lightning', 'transformers']"]
+    out = python_prints(code, timeout=120)
+    assert out.splitlines() == ["[]", "['transformers']", "['pytorch_lightning', 'transformers']"]
 
 
 def test_run_help_does_not_import_torch():
@@ -109,6 +110,6 @@ def test_the_pure_viewer_parts_load_neither():
 def test_an_integration_without_its_framework_says_what_to_install(name: str, frameworks: list[str], says: str):
     hide = "; ".join(f"sys.modules[{m!r}] = None" for m in frameworks)  # as if not installed
     code = f"import sys; {hide}; import tuiwatch\ntry:\n    tuiwatch.{name}\nexcept ImportError as e:\n    print(e)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert out.stdout.startswith(says)
-    assert f"pip install 'tuiwatch[{name}]'" in out.stdout
+    out = python_prints(code)
+    assert out.startswith(says)
+    assert f"pip install 'tuiwatch[{name}]'" in out

@@ -29,7 +29,6 @@ Trainer's own events and the Watch's hooks:
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ except ImportError as exc:  # named without transformers installed: one line tha
     raise ImportError(f"tuiwatch.hf needs transformers 5 ({exc}): pip install 'tuiwatch[hf]'") from None
 
 from tuiwatch.integrations.loss import BackwardLoss
-from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
+from tuiwatch.integrations.metrics import eval_metrics
 from tuiwatch.publisher.hooks import ForwardHook
 from tuiwatch.publisher.watch import Watch
 
@@ -152,20 +151,8 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
         self._idle_since = time.perf_counter()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
-        values = eval_metrics(metrics or {})
+        values = eval_metrics(metrics or {}, ("eval_",))
         if self.watch is not None and values:
             with self.watch.validation():
                 self.watch.log(**values)
         self._idle_since = time.perf_counter()
-
-
-def eval_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The Trainer's eval metrics as an eval record's: ``eval_loss`` is ``loss`` (the viewer's loss chart);
-    the epoch (a float there) and names tuiwatch records itself are left out, and so is what is not a number."""
-    values = {}
-    for key, value in metrics.items():
-        name = key.removeprefix("eval_")
-        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if number and name not in RESERVED_METRIC_NAMES and name != "epoch":
-            values[name] = float(value)
-    return values

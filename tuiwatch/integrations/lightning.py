@@ -17,7 +17,8 @@ per optimizer step (``step_per="optimizer"``), from Lightning's hooks:
   the time since the previous batch ended (or validation did): Lightning
   fetches it just before; accumulated batches fold into their optimizer step;
 - the **loss** is the sum of the losses ``on_before_backward`` receives during
-  the step (Lightning divides each by ``accumulate_grad_batches`` first);
+  the step (Lightning divides each by ``accumulate_grad_batches`` first),
+  logged once at ``on_before_optimizer_step``, before the non-finite check;
 - **validation** is one ``eval`` record at the step it ran after: the metrics
   it logged (the ``callback_metrics`` that changed during it), ``val_`` taken
   off, and ``training`` as the model's forwards saw it;
@@ -29,7 +30,6 @@ per optimizer step (``step_per="optimizer"``), from Lightning's hooks:
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from contextlib import ExitStack
@@ -38,7 +38,8 @@ from typing import Any
 
 import torch
 
-from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
+from tuiwatch.integrations.loss import BackwardLoss
+from tuiwatch.integrations.metrics import eval_metrics
 from tuiwatch.publisher.watch import Watch
 
 
@@ -76,7 +77,7 @@ class _Hooks:
         self.watch: Watch | None = None
         self._trainer: Any = None
         self._idle_since = time.perf_counter()
-        self._loss: torch.Tensor | None = None
+        self.loss = BackwardLoss()  # not installed: Lightning hands the loss over, at on_before_backward
         self._epoch: int | None = None
         self._validation: ExitStack | None = None
         self._metrics_before: dict[str, Any] = {}
@@ -133,20 +134,23 @@ class _Hooks:
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
         if self.watch is not None and loss.numel() == 1:
-            value = loss.detach()
-            self._loss = value if self._loss is None else self._loss + value  # on the device: no sync
-            self.watch.log(loss=self._loss)  # now: a non-finite stop before the update names the loss
+            self.loss.add(loss)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        if self.watch is not None and self.watch.optimizer is not None:
-            self.watch.gradients_ready()
+        watch = self.watch
+        if watch is None:
+            return
+        loss = self.loss.take()
+        if loss is not None:
+            watch.log(loss=loss)  # before the check: a non-finite stop names the loss
+        if watch.optimizer is not None:
+            watch.gradients_ready()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         watch = self.watch
         if watch is None:
             return
-        if watch.end_step():  # a viewer's c/d/p/s run here
-            self._loss = None
+        watch.end_step()  # a viewer's c/d/p/s run here
         if watch.should_stop:
             trainer.should_stop = True
         self._idle_since = time.perf_counter()
@@ -174,27 +178,11 @@ class _Hooks:
             return
         before = self._metrics_before
         changed = {k: v for k, v in trainer.callback_metrics.items() if before.get(k) is not v}
-        values = validation_metrics(changed)
+        values = eval_metrics(changed, VALIDATION_PREFIXES)
         if values:
             self.watch.log(**values)
         stack.close()
         self._idle_since = time.perf_counter()
-
-
-def validation_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """Metrics validation logged, as an eval record's: ``val_loss`` is ``loss`` (the viewer's loss chart); names
-    tuiwatch records itself, and what is not a finite scalar, are left out."""
-    values = {}
-    for key, value in metrics.items():
-        name = next((key[len(p) :] for p in VALIDATION_PREFIXES if key.startswith(p)), key)
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                continue
-            value = value.item()  # once a validation, off the training steps
-        number = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        if number and name not in RESERVED_METRIC_NAMES and name != "epoch":
-            values[name] = float(value)
-    return values
 
 
 TuiwatchCallback: type = type(

@@ -38,6 +38,12 @@ class BackwardLoss:
         while self._undo:
             self._undo.pop()()
 
+    def add(self, loss: torch.Tensor) -> None:
+        """One more scalar into the step's sum (what the wrapped backward does; a framework that hands the loss
+        over calls it itself, without installing anything)."""
+        value = loss.detach()
+        self.total = value if self.total is None else self.total + value  # on the device: no sync
+
     def take(self) -> torch.Tensor | None:
         """The sum since the last take (None when nothing was backpropagated); starts the next."""
         total, self.total = self.total, None
@@ -47,8 +53,7 @@ class BackwardLoss:
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if self.enabled and tensor.numel() == 1:
                 scaled = self._scaled
-                value = (scaled[1] if scaled is not None and scaled[0]() is tensor else tensor).detach()
-                self.total = value if self.total is None else self.total + value  # on the device: no sync
+                self.add(scaled[1] if scaled is not None and scaled[0]() is tensor else tensor)
             return original(tensor, *args, **kwargs)
 
         return backward
