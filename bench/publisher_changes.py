@@ -16,6 +16,7 @@ start and end.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import os
 import statistics
@@ -281,6 +282,66 @@ def update_norm_rows(rounds: int) -> tuple[float, float]:
     return statistics.median(results["old"]), statistics.median(results["new"])
 
 
+def thread_cpu(thread: Any) -> float:
+    """Seconds on the CPU so far of one thread (schedstat: ns)."""
+    with open(f"/proc/self/task/{thread.native_id}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def batched_cycles_rows(rounds: int) -> list[Row]:
+    """The publisher thread's CPU a step: woken every 20 ms, against every 100 ms or when a dump could lose a batch.
+
+    Two Watches on copies of one model, the old one with the old period and no wake-up, run in alternating
+    rounds; each round ends with every record written (``sync``). Also the training thread's CPU a step.
+    """
+    rows: list[Row] = []
+    layers: list[nn.Module] = []
+    for _ in range(3):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    big = nn.Sequential(*layers, nn.Linear(512, 10))
+    cases = [("tiny MLP", tiny()[0], 64, 2, 2, 2000), ("3x512 MLP", big, 256, 512, 10, 200)]
+    for label, model, batch, width, classes, steps in cases:
+        g = torch.Generator().manual_seed(0)
+        data = [(torch.randn(batch, width, generator=g), torch.randint(0, classes, (batch,), generator=g))]
+        arms = {}
+        for name in ("old", "new"):
+            m = copy.deepcopy(model)
+            opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+            watch = Watch(m, opt, run_dir=tempfile.mkdtemp(), quiet=True, system=False)
+            if name == "old":
+                watch._pipeline.period_s = 0.02
+                watch._pipeline.buffer.on_wake = None
+            arms[name] = (m, opt, watch)
+        background: dict[str, list[float]] = {"old": [], "new": []}
+        training: dict[str, list[float]] = {"old": [], "new": []}
+        for r in range(rounds + 1):
+            for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+                m, opt, watch = arms[name]
+                thread = watch._pipeline._thread
+                c0, t0 = thread_cpu(thread), time.thread_time()
+                for x, y in watch.batches(data[0] for _ in range(steps)):
+                    loss = nn.functional.cross_entropy(m(x), y)
+                    watch.log(loss=loss)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                t1 = time.thread_time()
+                watch._pipeline.sync(30)
+                if r:  # the first round warms up
+                    background[name].append((thread_cpu(thread) - c0) / steps * 1e6)
+                    training[name].append((t1 - t0) / steps * 1e6)
+        for _, _, watch in arms.values():
+            watch.close()
+        med = {k: statistics.median(v) for k, v in background.items()}
+        change = (
+            f"records taken 10 times a second (sooner before a dump's batch would leave), not every 20 ms ({label})"
+        )
+        rows.append((change, med["old"], med["new"], "publisher", f"{steps}-step rounds, schedstat"))
+        med = {k: statistics.median(v) for k, v in training.items()}
+        rows.append((f"... the training thread meanwhile ({label})", med["old"], med["new"], "training", "same rounds"))
+    return rows
+
+
 def idle_ms_per_s(seconds: float) -> tuple[float, float]:
     """The publisher thread's CPU per second of an idle run: the fixed 20 ms period and a system sample every
     second, against the doubling period and a sample every third second while idle."""
@@ -341,6 +402,7 @@ def main() -> None:
     rows.append((f"loader workers from /proc/self/task/*/children ({hosts})", old, new, "publisher", "one sample"))
     old, new = update_norm_rows(max(4, args.rounds // 2))
     rows.append(("update norm into kept buffers (3x512 MLP, a sampled step)", old, new, "training", "in the loop"))
+    rows += batched_cycles_rows(args.rounds)
     idle_old, idle_new = idle_ms_per_s(args.idle_s)
     load_end = os.getloadavg()
     print(f"torch {torch.__version__}, 1 intra-op thread, {args.rounds} alternating rounds")

@@ -40,9 +40,12 @@ DUMP_REASONS = ("nonfinite", "oom", "loss-spike")
 
 # Batches kept (by reference, no copy) so that a dump written a few steps after
 # its step, on the publisher thread, still has the tensors: at most this many,
-# and no more bytes than the budget (always the latest one).
-RECENT_BATCHES = 32
+# and no more bytes than the budget (always the latest one). The publisher thread
+# is woken before a batch whose record it has not diagnosed (less DUMP_LAG: a
+# loss spike is judged `confirm` steps after its own) would leave.
+RECENT_BATCHES = 256
 RECENT_BATCH_BYTES = 64 << 20
+DUMP_LAG = 8
 
 
 class KeptBatch(NamedTuple):
@@ -60,11 +63,13 @@ class RecentBatches:
         self._kept: deque[KeptBatch] = deque()
         self._bytes = 0
 
-    def keep(self, kept: KeptBatch) -> None:
+    def keep(self, kept: KeptBatch) -> int:
+        """Keep ``kept``, the oldest out past the count or the bytes; how many batches are kept now."""
         self._kept.append(kept)
         self._bytes += kept.nbytes
         while len(self._kept) > 1 and (len(self._kept) > self.count or self._bytes > self.max_bytes):
             self._bytes -= self._kept.popleft().nbytes
+        return len(self._kept)
 
     def find(self, step: int) -> KeptBatch | None:
         # list() copies the deque in one call, which the GIL makes safe against the training thread's appends.

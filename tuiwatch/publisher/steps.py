@@ -17,7 +17,7 @@ import torch
 from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.deferred import PendingDuration, defer, defer_tensor, device_mark
-from tuiwatch.publisher.dumps import KeptBatch, RecentBatches
+from tuiwatch.publisher.dumps import DUMP_LAG, KeptBatch, RecentBatches
 from tuiwatch.publisher.measure import BatchInfo
 from tuiwatch.publisher.pending import DeviceMemory, EvalState, StepState
 
@@ -42,6 +42,7 @@ class StepTracker:
         self.last_boundary = time.perf_counter()
         self.last_batch: KeptBatch | None = None  # what a dump on request saves
         self.recent = RecentBatches()
+        self._held = 0  # batches in `recent` when the pipeline was last told
         # watch.fetching(): time spent fetching since the last boundary is the data wait of the
         # next step (the batch fetched), and not compute of the step it ran in.
         self.fetch_s: float | None = None
@@ -106,7 +107,10 @@ class StepTracker:
         kept = KeptBatch(s.step, batch, ids, s.batch.nbytes if s.batch is not None else 0)
         self.last_batch = kept
         if s.batch is not None:
-            self.recent.keep(kept)
+            held = self.recent.keep(kept)
+            if held != self._held:  # the ring's length changes while it fills, or with the batches' sizes
+                self._held = held
+                self.pipeline.wake_within(held - DUMP_LAG)
 
     def end(self, now: float) -> None:
         """Close the open step, if any, and put it in the pipeline's buffer (the one thing done at a boundary)."""

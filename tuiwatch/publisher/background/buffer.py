@@ -2,7 +2,8 @@
 
 The training thread calls :meth:`RecordBuffer.put`, which appends under a
 lock held for two list operations; when the buffer is full the oldest item is
-dropped and counted. The publisher thread takes what is ready
+dropped and counted. When ``wake_at`` items wait, ``put`` wakes the publisher
+thread once (``on_wake``) instead of leaving them to its next period. The publisher thread takes what is ready
 (:meth:`RecordBuffer.take_ready`): plain records, and pending records whose
 device values have arrived, in order. A record still waiting for its CUDA
 events holds back the ones after it, up to :data:`MAX_WAIT_S`.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol, cast
 
 from tuiwatch.ledger.records import Record
@@ -34,11 +36,17 @@ Item = Record | PendingRecord
 MAX_WAIT_S = 60.0
 # At close and at a sync, how long the last records may wait for theirs.
 FINAL_WAIT_S = 1.0
+# Items that wake the publisher thread before its period ends: a fast loop's records are diagnosed while the
+# batches they name are still among the last RECENT_BATCHES (dumps.py) that a dump can save.
+WAKE_AT = 10**9
 
 
 class RecordBuffer:
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, on_wake: Callable[[], None] | None = None):
         self.capacity = capacity
+        self.on_wake = on_wake
+        self.wake_at = WAKE_AT
+        self._woken = False  # woken since the last take: one wake-up is enough
         self.dropped = 0
         self._lock = threading.Lock()
         self._items: deque[Item] = deque()
@@ -53,6 +61,10 @@ class RecordBuffer:
                 self._items.popleft()
                 self.dropped += 1
             self._items.append(item)
+            wake = len(self._items) >= self.wake_at and not self._woken
+            self._woken = self._woken or wake
+        if wake and self.on_wake is not None:
+            self.on_wake()
 
     def add_sync(self, done: threading.Event) -> None:
         """``done`` is set once everything put before it has been written."""
@@ -79,6 +91,7 @@ class RecordBuffer:
         with self._lock:
             items = list(self._items)
             self._items.clear()
+            self._woken = False
         if final:
             until = time.monotonic() + FINAL_WAIT_S
             for item in items:

@@ -1,0 +1,61 @@
+"""The publisher thread takes records in batches, and is woken before a dump could lose the batch it needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import tuiwatch
+from tuiwatch.demo.problems import mlp, seeded_problem
+from tuiwatch.publisher.background.buffer import WAKE_AT, RecordBuffer
+from tuiwatch.publisher.dumps import DUMP_LAG, Dump
+
+
+def test_the_buffer_wakes_its_thread_once_per_take_when_enough_records_wait():
+    wakes: list[int] = []
+    buffer = RecordBuffer(100, on_wake=lambda: wakes.append(len(buffer)))
+    assert buffer.wake_at == WAKE_AT
+    buffer.wake_at = 3
+    for i in range(5):
+        buffer.put({"kind": "step", "step": i})
+    assert wakes == [3]  # the third record woke it; the next two found it already woken
+    assert [r["step"] for r in buffer.take_ready(final=False)] == [0, 1, 2, 3, 4]  # type: ignore[index]
+    for i in range(5, 8):
+        buffer.put({"kind": "step", "step": i})
+    assert wakes == [3, 3]
+
+
+def test_a_fast_loop_spike_dump_still_holds_its_batch_with_a_short_ring_and_a_long_period(
+    run_root: Path, socket_dir: Path
+):
+    # Samples 3200-3263 (batch 50) in other units: a loss spike at step 50, judged 3 steps later. With a ring of
+    # 16 batches and a 30 s period, only the wake-up before the ring drops an undiagnosed batch gets it dumped.
+    _, x, y = seeded_problem(0)
+    x[3200:3264] *= 1000.0
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    watch = tuiwatch.Watch(model, opt, run_dir=run_root, quiet=True, system=False)
+    watch._tracker.recent.count = 16
+    watch._pipeline.period_s = 30.0
+    for _ in range(2):  # 128 steps: step 50's batch leaves the ring long before the end
+        for xb, yb in watch.batches(DataLoader(TensorDataset(x, y), batch_size=64)):
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            watch.log(loss=loss)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert watch._pipeline.buffer.wake_at == 16 - DUMP_LAG
+    watch.close()
+    ledger = list(tuiwatch.read_ledger(watch.run_dir or ""))
+    spikes = [r for r in ledger if r["kind"] == "alert" and r["rule"] == "loss-spike" and r["severity"] != "info"]
+    assert spikes[0]["step"] == 50
+    dump = tuiwatch.load_dump(spikes[0]["evidence"]["dump"])
+    assert isinstance(dump, Dump)
+    assert dump.batch_ids == list(range(3200, 3264))
+    assert dump.batch is not None
+    assert dump.batch[0].abs().max() > 100
+    assert torch.equal(dump.batch[0], x[3200:3264])
