@@ -69,8 +69,8 @@ async def test_a_torchrun_job_is_one_run_in_ls_and_the_viewer_and_c_and_s_reach_
         ranks = await ranks_stepping(pilot, app)
         await drawn(pilot)
         pane = plain(app.query_one(RanksPane)).splitlines()
-        # 140 columns: the side column has room for these; a wider terminal adds memory and host.
-        assert pane[0].split() == ["rank", "status", "step", "wait", "bwd+sync", "time"]
+        # 140 columns: the side column has room for the short table but its hosts; a wider terminal adds them.
+        assert pane[0].split() == ["#", "state", "wait", "sync", "step", "time", "mem"]
         assert [line.split()[:2] for line in pane[1:3]] == [["0", "live"], ["1", "live"]]
 
         await pilot.press("c")

@@ -11,7 +11,7 @@ import pytest
 from tuiwatch.cli.replay import replay_source
 from tuiwatch.ledger.records import Record
 from tuiwatch.viewer.panes.header import HeaderBar
-from tuiwatch.viewer.panes.ranks import RanksPane
+from tuiwatch.viewer.panes.ranks import COLUMNS, RanksPane, columns_for
 from tuiwatch.viewer.ranks import STALE_S, RanksState
 from tuiwatch.viewer.sources import RanksSource
 from tuiwatch.viewer.state import RunState, describe_action
@@ -227,7 +227,8 @@ def test_the_ranks_of_one_job_are_one_entry_and_a_run_of_one_stays_itself():
     assert (job.step, job.status, job.world_size) == (5, "live", 2)
 
 
-async def test_replay_of_a_job_directory_shows_every_rank_and_the_straggler(tmp_path: Path):
+def straggler_job(tmp_path: Path) -> Path:
+    """A finished 2-rank job directory whose rank 1 waits 20 ms for its data at each of its 40 steps."""
     job = tmp_path / "ddp-job-1"
     for rank in (0, 1):
         records: list[dict[str, Any]] = [{**run(rank), "t": 1.0}]
@@ -238,7 +239,11 @@ async def test_replay_of_a_job_directory_shows_every_rank_and_the_straggler(tmp_
         records.append({"kind": "end", "t": 50.0, "reason": "finished"})
         (job / f"rank{rank}").mkdir(parents=True)
         write_ledger(job / f"rank{rank}" / "ledger.jsonl", records)
-    source = replay_source(str(job))
+    return job
+
+
+async def test_replay_of_a_job_directory_shows_every_rank_and_the_straggler(tmp_path: Path):
+    source = replay_source(str(straggler_job(tmp_path)))
     assert isinstance(source, RanksSource)
     assert not source.live
     app = RecordingApp(source, clock=lambda: FIXED_NOW)
@@ -247,7 +252,7 @@ async def test_replay_of_a_job_directory_shows_every_rank_and_the_straggler(tmp_
         await until(pilot, lambda: all(s.end_reason for s in app.ranks.ranks.values()) if app.ranks else False)
         await drawn(pilot)
         rows = plain(app.query_one(RanksPane)).splitlines()
-        assert [r.split()[:3] for r in rows[1:3]] == [["0", "finished", "39"], ["»1", "finished", "39"]]
+        assert [r.split()[:2] + r.split()[4:5] for r in rows[1:3]] == [["0", "done", "39"], ["»1", "done", "39"]]
         header = app.query_one(HeaderBar).render().plain
         assert "ddp@h0  2 ranks  step 39" in header
         (alert,) = [a for a in app.state.alerts if a.rule == "straggler"]
@@ -255,3 +260,38 @@ async def test_replay_of_a_job_directory_shows_every_rank_and_the_straggler(tmp_
         assert "rank 1 makes the other ranks wait" in alert.message
         await pilot.press("c")
         assert app.state.pending == {}  # a replay sends nothing
+
+
+@pytest.mark.parametrize(
+    ("size", "header", "rows"),
+    [
+        # The side column of a 60x20 terminal: the straggler's mark, each rank's state, wait and bwd+sync.
+        ((60, 20), "#  state wait  sync", [" 0 done  1.0ms 24ms", "»1 done  21ms  4.0ms"]),
+        (
+            (120, 36),
+            "#  state wait  sync  step   time  mem",
+            [" 0 done  1.0ms 24ms  39     28ms  -", "»1 done  21ms  4.0ms 39     28ms  -"],
+        ),
+    ],
+    ids=["60x20", "120x36"],
+)
+async def test_a_narrow_ranks_pane_keeps_the_columns_that_name_the_straggler(
+    tmp_path: Path, size: tuple[int, int], header: str, rows: list[str]
+):
+    app = RecordingApp(replay_source(str(straggler_job(tmp_path))), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: all(s.end_reason for s in app.ranks.ranks.values()) if app.ranks else False)
+        await drawn(pilot)
+        lines = [line.rstrip() for line in plain(app.query_one(RanksPane)).splitlines()]
+        assert lines[:3] == [header, *rows]
+        assert lines[3] == "» the others wait for it (straggler)"
+
+
+def test_the_ranks_columns_fit_their_pane_and_a_wide_one_shows_every_column():
+    for width in range(12, 90):
+        columns = columns_for(width, rank_digits=2)
+        assert sum(c.width for c in columns) - 1 <= width
+    assert columns_for(67) == COLUMNS  # the whole table, full status names and ms to 0.1
+    assert [c.title for c in columns_for(20)] == ["#", "state", "wait", "sync"]
+    assert columns_for(20, rank_digits=3)[0].width == 5  # "»127" and a gap: one column less
+    assert [c.title for c in columns_for(20, rank_digits=3)] == ["#", "state", "wait"]

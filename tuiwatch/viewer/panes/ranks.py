@@ -4,7 +4,7 @@ gradient sync), step time, memory and host; the rank the others wait for is mark
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -22,18 +22,34 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1000:.1f}ms"
 
 
+def _short_ms(value: float | None) -> str:
+    """At most 5 characters: 4.0ms, 21ms, 1.2s."""
+    if value is None:
+        return "-"
+    ms = value * 1000
+    return f"{ms:.1f}ms" if ms < 9.95 else f"{ms:.0f}ms" if ms < 999.5 else f"{value:.1f}s"
+
+
+def _rank(row: RankRow) -> str:
+    return ("»" if row.waited_for else " ") + str(row.rank)
+
+
+def _step(row: RankRow) -> str:
+    return "-" if row.step is None else str(row.step)
+
+
 @dataclass(frozen=True)
 class Column:
     title: str
-    width: int
+    width: int  # the cell and the gap after it
     cell: Callable[[RankRow], str]
 
 
-# In the order they are dropped last to first when the pane is narrow: a column is shown whole or not at all.
+# Every column, when the pane is wide enough for all of them.
 COLUMNS = (
-    Column("rank", 5, lambda r: ("»" if r.waited_for else " ") + str(r.rank)),
+    Column("rank", 5, _rank),
     Column("status", 9, lambda r: r.status),
-    Column("step", 7, lambda r: "-" if r.step is None else str(r.step)),
+    Column("step", 7, _step),
     # What tells the culprit from its victims first; the step time (equal on every rank under DDP) after.
     Column("wait", 8, lambda r: _ms(r.data_wait_s)),
     Column("bwd+sync", 9, lambda r: _ms(r.backward_s)),
@@ -41,13 +57,30 @@ COLUMNS = (
     Column("mem", 10, lambda r: "-" if r.memory is None else size(r.memory)),
     Column("host", 12, lambda r: safe(r.host or "-", 11)),
 )
+SHORT_STATUS = {"finished": "done", "stopped": "stop", "failed": "fail", "paused": "pause", "connecting": "conn"}
+# A narrower pane (a side column of a 60- to 160-column terminal): short cells, and the columns that name the
+# straggler and why first, each kept whole or left out from the right. "sync" is bwd+sync.
+NARROW = (
+    Column("#", 3, _rank),
+    Column("state", 6, lambda r: SHORT_STATUS.get(r.status, r.status)),
+    Column("wait", 6, lambda r: _short_ms(r.data_wait_s)),
+    Column("sync", 6, lambda r: _short_ms(r.backward_s)),
+    Column("step", 7, _step),
+    Column("time", 6, lambda r: _short_ms(r.step_s)),
+    Column("mem", 10, lambda r: "-" if r.memory is None else size(r.memory)),
+    Column("host", 12, lambda r: safe(r.host or "-", 11)),
+)
 STATUS_ROLE = {"stale": "warning", "gone": "critical", "failed": "critical", "paused": "warning"}
 
 
-def columns_for(width: int) -> tuple[Column, ...]:
+def columns_for(width: int, rank_digits: int = 1) -> tuple[Column, ...]:
+    """The columns a pane ``width`` characters wide shows (the last one needs no gap after it)."""
+    if sum(c.width for c in COLUMNS) - 1 <= width:
+        return COLUMNS
+    narrow = (replace(NARROW[0], width=max(NARROW[0].width, rank_digits + 2)), *NARROW[1:])
     shown, used = [], 0
-    for column in COLUMNS:
-        if used + column.width > width:
+    for column in narrow:
+        if used + column.width - 1 > width:
             break
         shown.append(column)
         used += column.width
@@ -71,7 +104,8 @@ class RanksPane(Pane):
         v = self.view
         if v is None:
             return Text("")
-        columns = columns_for(self.content_region.width)
+        digits = max((len(str(r.rank)) for r in v.rows), default=1)
+        columns = columns_for(self.content_region.width, digits)
         dim = self.style_of("dim")
         lines = [Text("".join(f"{c.title:<{c.width}}" for c in columns), style=dim, no_wrap=True)]
         if v.summary is not None:
@@ -80,8 +114,8 @@ class RanksPane(Pane):
             line = Text(no_wrap=True, overflow="crop")
             for column in columns:
                 cell = f"{column.cell(row):<{column.width}}"[: column.width]
-                role = STATUS_ROLE.get(row.status) if column.title == "status" else None
-                if column.title == "rank" and row.waited_for:
+                role = STATUS_ROLE.get(row.status) if column.title in ("status", "state") else None
+                if column.cell is _rank and row.waited_for:
                     role = "warning"
                 if column.title == "time" and row.slowest:
                     role = "rule"
