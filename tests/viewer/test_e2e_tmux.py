@@ -117,3 +117,25 @@ def test_a_60x20_terminal_shows_the_alert_and_the_end_reason(tmux: list[str], so
 def _panes_of(tmux: list[str], session: str) -> list[str]:
     out = subprocess.run([*tmux, "list-panes", "-t", session, "-F", "#{pane_id}"], capture_output=True, text=True)
     return out.stdout.split()
+
+
+def test_a_critical_alert_rings_the_bell_of_the_viewers_tmux_window(tmux: list[str], socket_dir: Path, tmp_path: Path):
+    # numpy-graph: the loss goes through numpy, no gradient reaches the model, grad-zero (critical) at step 4.
+    run_root = tmp_path / "runs"
+    env = f"env -u COLUMNS -u LINES TUIWATCH_DIR={socket_dir} TERM=xterm-256color"
+    demo = f"{env} {sys.executable} -m tuiwatch demo --no-viewer --fault numpy-graph --steps 600 --delay 0.05"
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "bell", "-n", "train", f"{demo} --run-dir {run_root}"], check=True
+    )
+    wait_until(lambda: _ledger_steps(run_root), what="the demo's first steps")
+    # -d: the viewer's window is not the one looked at, where tmux marks a bell (and can notify the desktop).
+    attach = f"{env} {sys.executable} -m tuiwatch attach fault-numpy-graph"
+    subprocess.run([*tmux, "new-window", "-d", "-t", "bell", "-n", "view", attach], check=True)
+
+    def flag(option: str) -> str:
+        out = subprocess.run([*tmux, "display", "-p", "-t", "bell:view", option], capture_output=True, text=True)
+        return out.stdout.strip()
+
+    wait_until(lambda: flag("#{window_bell_flag}") == "1", timeout=30, what="the bell in the viewer's window")
+    # The bell goes with the records; the screen shows them at its next frame.
+    wait_until(lambda: "grad-zero" in capture(tmux, "bell:view"), what="the alert on the viewer's screen")

@@ -39,6 +39,13 @@ def add_parser(sub: Any) -> None:
     )
     add_remote_options(p)
     add_fps_option(p)
+    p.add_argument(
+        "--no-bell",
+        dest="bell",
+        action="store_false",
+        help="do not ring the terminal bell when a critical alert comes (tmux and most terminals make it a "
+        "notification)",
+    )
     p.set_defaults(run=run)
 
 
@@ -60,6 +67,11 @@ def add_fps_option(p: Any) -> None:
         help="redraw at most this many times a second, and only when something changed (default 4; 10 is "
         "snappier and costs a run beside it about 2%%)",
     )
+
+
+def viewer_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What the command line sets of the viewer app (its keyword arguments)."""
+    return {"fps": args.fps, "bell": args.bell}
 
 
 def add_remote_options(p: Any) -> None:
@@ -92,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         remotes = [parse_remote(t, args.ssh, args.remote_tuiwatch) for t in targets]
         if any(r is None for r in remotes):
             raise TuiwatchError("several targets are the hosts of one job: give each as HOST:NAME")
-        return _attach_job([r for r in remotes if r is not None], ranks, args.fps)
+        return _attach_job([r for r in remotes if r is not None], ranks, viewer_options(args))
     target = targets[0] if targets else None
     over_tcp = tcp_target(target, args.token_file)
     if over_tcp is not None:
@@ -100,14 +112,14 @@ def run(args: argparse.Namespace) -> int:
         from tuiwatch.viewer.sources import TcpSource
 
         check_tcp_target(over_tcp)
-        return TuiwatchApp(TcpSource(over_tcp), fps=args.fps).run_viewer()
+        return TuiwatchApp(TcpSource(over_tcp), **viewer_options(args)).run_viewer()
     remote = parse_remote(target, args.ssh, args.remote_tuiwatch)
     if remote is not None:
-        return _attach_remote(remote, ranks, args.fps)
-    return _attach_local(target, ranks, args.fps)
+        return _attach_remote(remote, ranks, viewer_options(args))
+    return _attach_local(target, ranks, viewer_options(args))
 
 
-def _attach_local(target: str | None, ranks: set[int] | None, fps: float) -> int:
+def _attach_local(target: str | None, ranks: set[int] | None, viewer: dict[str, Any]) -> int:
     from tuiwatch.errors import TuiwatchError
     from tuiwatch.viewer.app import TuiwatchApp
     from tuiwatch.viewer.sources import RanksSource, SocketSource
@@ -126,14 +138,14 @@ def _attach_local(target: str | None, ranks: set[int] | None, fps: float) -> int
         if not sockets:
             raise TuiwatchError(f"--ranks: none of those ranks of {found.name} is on this host")
         source = RanksSource.on_this_host(found.name, found.world_size, sockets, find_rank_socket)
-        return TuiwatchApp(source, fps=fps).run_viewer()
+        return TuiwatchApp(source, **viewer).run_viewer()
     assert isinstance(found, LiveRun)
     if not Path(found.socket).exists():
         raise TuiwatchError(f"the run {found.name} went away before the viewer started")
-    return TuiwatchApp(SocketSource(Path(found.socket), found.name, find_socket_by_name), fps=fps).run_viewer()
+    return TuiwatchApp(SocketSource(Path(found.socket), found.name, find_socket_by_name), **viewer).run_viewer()
 
 
-def _attach_remote(remote: Remote, ranks: set[int] | None, fps: float) -> int:
+def _attach_remote(remote: Remote, ranks: set[int] | None, viewer: dict[str, Any]) -> int:
     """One host: a single run through ``relay PID``; a job's ranks there through one ``relay RUN_ID``."""
     from tuiwatch.viewer.app import TuiwatchApp
     from tuiwatch.viewer.sources import CommandSource
@@ -141,15 +153,15 @@ def _attach_remote(remote: Remote, ranks: set[int] | None, fps: float) -> int:
 
     chosen = choose_remote_run(remote)
     if chosen.world_size and chosen.world_size > 1 and chosen.rank is not None and remote.name != str(chosen.pid):
-        return _attach_job([remote], ranks, fps)
+        return _attach_job([remote], ranks, viewer)
     source = CommandSource(remote.argv("relay", str(chosen.pid)), f"{remote.host}:{chosen.name}")
-    return TuiwatchApp(source, fps=fps).run_viewer()
+    return TuiwatchApp(source, **viewer).run_viewer()
 
 
-def _attach_job(remotes: list[Remote], ranks: set[int] | None, fps: float) -> int:
+def _attach_job(remotes: list[Remote], ranks: set[int] | None, viewer: dict[str, Any]) -> int:
     from tuiwatch.viewer.app import TuiwatchApp
 
-    return TuiwatchApp(job_source(remotes, ranks), fps=fps).run_viewer()
+    return TuiwatchApp(job_source(remotes, ranks), **viewer).run_viewer()
 
 
 def job_source(remotes: list[Remote], ranks: set[int] | None = None) -> RanksSource:

@@ -17,6 +17,7 @@ from textual.notifications import SeverityLevel
 from textual.widgets import Footer
 
 from tuiwatch.analysis.format import safe
+from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.records import Record
 from tuiwatch.viewer import DEFAULT_FPS
 from tuiwatch.viewer.messages import (
@@ -35,8 +36,10 @@ from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.ranks import RanksState
+from tuiwatch.viewer.run_info import run_info
 from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
 from tuiwatch.viewer.screens.help import QUIT, HelpScreen
+from tuiwatch.viewer.screens.run_info import RunInfoScreen
 from tuiwatch.viewer.sources import RanksSource, Source
 from tuiwatch.viewer.state import ENDED, RunState, describe_action
 from tuiwatch.viewer.views import build_views
@@ -51,6 +54,9 @@ APART_PAUSE = (
     "until the process group's timeout ended the job); press p again"
 )
 COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
+# A critical alert rings the terminal bell when it is newer than this as it arrives: the alerts a viewer
+# attaching late is sent from the run's history are not news.
+BELL_RECENT_S = 30.0
 
 
 class TuiwatchApp(App[None]):
@@ -67,6 +73,7 @@ class TuiwatchApp(App[None]):
         Binding("s", "stop", "stop"),
         Binding("w", "window", "window"),
         Binding("f", "fullscreen", "full"),
+        Binding("i", "info", "info", show=False),  # in ?: the footer keeps its room for the commands
     ]
 
     def __init__(
@@ -76,8 +83,11 @@ class TuiwatchApp(App[None]):
         clock: Callable[[], float] = time.time,
         fps: float = DEFAULT_FPS,
         quit_does: str = QUIT,
+        bell: bool = True,
     ):
         super().__init__()
+        self.bell_on = bell
+        self._rung: set[tuple[object, ...]] = set()  # the critical alerts rung for, across reconnects
         self.quit_does = quit_does  # what q does, as help says it: the demo's q also ends its own training
         self.source = source
         self.clock = clock
@@ -150,6 +160,7 @@ class TuiwatchApp(App[None]):
             self.state = RunState(pending=self.state.pending)
             self._new_connection = False
         self.state.apply_all(message.records)
+        self._ring_for(message.records)
         self._changed()
         self._tell_answers()
 
@@ -162,9 +173,27 @@ class TuiwatchApp(App[None]):
                 # The lead rank's stream starts over: the run's state too, with the other ranks' alerts kept.
                 self.state = RunState(pending=self.state.pending)
                 self.state.apply_all(self.ranks.kept_alerts())
-        self.state.apply_all(self.ranks.apply(rank, records, self.clock()))
+        main = self.ranks.apply(rank, records, self.clock())
+        self.state.apply_all(main)
+        self._ring_for(main)
         self._changed()
         self._tell_answers()
+
+    def _ring_for(self, records: list[Record]) -> None:
+        """The terminal bell for a critical alert that just happened in a live run (tmux and most terminals
+        turn it into a notification for a user looking at another window): once per alert, once per batch."""
+        if not self.bell_on or not self.source.live:
+            return
+        now = self.clock()
+        for r in records:
+            if r.get("kind") != "alert" or r.get("severity") != "critical":
+                continue
+            t = num(r.get("t"))
+            key = (r.get("rule"), r.get("step"), r.get("rank"), t)
+            if t is not None and now - t < BELL_RECENT_S and key not in self._rung:
+                self._rung.add(key)
+                self.bell()
+                return
 
     def _tell_answers(self) -> None:
         for r in self.state.take_answered():
@@ -348,3 +377,6 @@ class TuiwatchApp(App[None]):
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.quit_does))
+
+    def action_info(self) -> None:
+        self.push_screen(RunInfoScreen(run_info(self.state.run, self.state.last_system)))

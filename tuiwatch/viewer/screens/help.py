@@ -16,6 +16,7 @@ p   pause / resume the run at the next step boundary
 s   stop the run (asks first)
 w   chart window: all steps / last 1,000 / last 100
 f   full-screen the focused pane (f again to go back)
+i   the run: how it was started and watched, and its machine now
 tab focus the next pane
 ?   this help
 q   {quit}
