@@ -36,3 +36,16 @@ def test_viewer_snapshot(snap_compare: Any, ledger: str, size: tuple[int, int]) 
         await pilot.pause()
 
     assert snap_compare(app, terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_metrics_view_snapshot(snap_compare: Any, size: tuple[int, int]) -> None:
+    app = TuiwatchApp(FileSource(LEDGERS / "gpu.jsonl"), clock=lambda: FIXED_NOW)
+
+    async def settled(pilot: Any) -> None:
+        await until(pilot, shown(app, "finished"), what="finished")
+        await pilot.press("m")
+        app.redraw(force=True)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=settled)

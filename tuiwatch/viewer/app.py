@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.notifications import SeverityLevel
-from textual.widgets import Footer
+from textual.widgets import Footer, Input
 
 from tuiwatch.analysis.format import safe
 from tuiwatch.ledger.fields import num
@@ -32,6 +32,8 @@ from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import WINDOWS, Pane, window_label
 from tuiwatch.viewer.panes.header import HeaderBar
 from tuiwatch.viewer.panes.memory import MemoryPane
+from tuiwatch.viewer.panes.metrics import MetricsPane
+from tuiwatch.viewer.panes.metrics import pages as metric_pages
 from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
@@ -42,7 +44,8 @@ from tuiwatch.viewer.screens.help import QUIT, HelpScreen
 from tuiwatch.viewer.screens.run_info import RunInfoScreen
 from tuiwatch.viewer.sources import RanksSource, Source
 from tuiwatch.viewer.state import ENDED, RunState, describe_action
-from tuiwatch.viewer.views import build_views
+from tuiwatch.viewer.views import build_views, metrics_view
+from tuiwatch.viewer.widgets import FilterInput
 
 COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiwatch.tcss)
 # With a ranks pane the memory pane needs this many rows more; a shorter terminal leaves it out (each rank's
@@ -73,7 +76,12 @@ class TuiwatchApp(App[None]):
         Binding("s", "stop", "stop"),
         Binding("w", "window", "window"),
         Binding("f", "fullscreen", "full"),
-        Binding("i", "info", "info", show=False),  # in ?: the footer keeps its room for the commands
+        # In ?: the footer keeps its room for the commands.
+        Binding("i", "info", "info", show=False),
+        Binding("m", "metrics", "metrics", show=False),
+        Binding("slash", "filter", "filter", show=False),
+        Binding("right_square_bracket,pagedown", "page(1)", "next page", show=False),
+        Binding("left_square_bracket,pageup", "page(-1)", "previous page", show=False),
     ]
 
     def __init__(
@@ -107,6 +115,12 @@ class TuiwatchApp(App[None]):
         self.ranks = RanksState(source.ranks, source.world_size) if isinstance(source, RanksSource) else None
         self._fresh_ranks: set[int] = set()  # ranks (re)connected whose first records have not come yet
         self._read: dict[int, int] = {}  # a job's replay: percent of each rank's ledger read
+        # The metrics view (m): shown or not, its filter, its page, and how many charts it had at the last draw.
+        self.metrics_shown = False
+        self.metrics_pattern = ""
+        self.metrics_page = 0
+        self._metrics_count = 0
+        self._pattern_before = ""  # the filter before / was pressed: what escape gives back
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""
@@ -122,6 +136,8 @@ class TuiwatchApp(App[None]):
                 yield MemoryPane()
                 yield RanksPane()
                 yield AlertsPane()
+            yield MetricsPane()
+        yield FilterInput(placeholder="metrics named (glob or regex): enter keeps, esc cancels", id="filter")
         yield Footer()
 
     def on_resize(self, event: events.Resize) -> None:
@@ -297,6 +313,10 @@ class TuiwatchApp(App[None]):
         self.query_one(AlertsPane).view = views.alerts
         if views.ranks is not None:
             self.query_one(RanksPane).view = views.ranks
+        if self.metrics_shown:
+            metrics = metrics_view(self.state, WINDOWS[self.window_index], self.metrics_pattern, self.metrics_page)
+            self._metrics_count = len(metrics.cells)
+            self.query_one(MetricsPane).view = metrics
         available = self._commands_available()
         if available != self._commands_enabled:
             self._commands_enabled = available
@@ -337,6 +357,8 @@ class TuiwatchApp(App[None]):
         """Command keys show greyed out where they cannot work: a replay, or a run that has ended."""
         if action in COMMAND_ACTIONS:
             return True if self._commands_available() else None
+        if action in ("filter", "page"):
+            return self.metrics_shown  # keys of the metrics view only
         return True
 
     def _commands_available(self) -> bool:
@@ -374,6 +396,46 @@ class TuiwatchApp(App[None]):
         focused = self.focused
         pane = focused if isinstance(focused, Pane) else self.query_one(TrainingPane)
         self.screen.maximize(pane)
+
+    def action_metrics(self) -> None:
+        """m: every metric as a grid of charts in place of the panes, and back."""
+        self.metrics_shown = not self.metrics_shown
+        self.metrics_page = 0
+        self.query_one("#body").set_class(self.metrics_shown, "metrics")
+        self.query_one(MetricsPane if self.metrics_shown else TrainingPane).focus()
+        self.refresh_bindings()
+        self.redraw(force=True)
+
+    def action_filter(self) -> None:
+        field = self.query_one(FilterInput)
+        self._pattern_before = self.metrics_pattern
+        field.value = self.metrics_pattern
+        field.display = True
+        field.focus()
+
+    def action_page(self, delta: int) -> None:
+        pane = self.query_one(MetricsPane)
+        count = metric_pages(self._metrics_count, pane.content_region.width, pane.content_region.height)
+        self.metrics_page = min(max(self.metrics_page + delta, 0), count - 1)
+        self.redraw(force=True)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        # The grid follows the filter as it is typed (as LEET's does).
+        self.metrics_pattern = event.value.strip()
+        self.metrics_page = 0
+        self.redraw(force=True)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self._close_filter()
+
+    def on_filter_input_cancelled(self, event: FilterInput.Cancelled) -> None:
+        self.metrics_pattern = self._pattern_before
+        self._close_filter()
+
+    def _close_filter(self) -> None:
+        self.query_one(FilterInput).display = False
+        self.query_one(MetricsPane).focus()
+        self.redraw(force=True)
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.quit_does))

@@ -21,6 +21,7 @@ from tuiwatch.viewer.render.series import Series
 
 MAX_ALERTS = 200
 MAX_METRICS = 32  # distinct user metrics charted; more are not kept
+MAX_GPUS = 8  # NVML series kept for the metrics view: a node's GPUs
 LIVE_STATUSES = ("live", "paused", "degraded", "connecting")
 ENDED = ("finished", "stopped", "failed")  # the run wrote its end record
 
@@ -102,6 +103,12 @@ class RunState:
     compute: Series = field(default_factory=Series)
     mem_allocated: Series = field(default_factory=Series)
     rss: Series = field(default_factory=Series)
+    # Only the metrics view (m) draws these.
+    param_norm: Series = field(default_factory=Series)
+    update_norm: Series = field(default_factory=Series)
+    update_ratio: Series = field(default_factory=Series)  # update norm / param norm, where a step has both
+    throughput: Series = field(default_factory=Series)  # examples_per_s
+    gpus: dict[str, Series] = field(default_factory=dict)  # "gpu0 util", "gpu0 memory": NVML readings by step
     alerts: deque[Alert] = field(default_factory=lambda: deque(maxlen=MAX_ALERTS))
     # Commands this viewer sent, by id, until their reply comes; replies land in ``answered``.
     pending: dict[int, str] = field(default_factory=dict)
@@ -145,10 +152,16 @@ class RunState:
             (self.data_wait, "data_wait_s"),
             (self.compute, "compute_s"),
             (self.mem_allocated, "mem_allocated"),
+            (self.param_norm, "param_norm"),
+            (self.update_norm, "update_norm"),
+            (self.throughput, "examples_per_s"),
         ):
             value = num(r.get(key))
             if value is not None:
                 series.add(step, value)
+        update, param = num(r.get("update_norm")), num(r.get("param_norm"))
+        if update is not None and param:
+            self.update_ratio.add(step, update / param)
 
     def _eval(self, r: Record) -> None:
         step = integer(r.get("step"))
@@ -158,8 +171,19 @@ class RunState:
     def _system(self, r: Record) -> None:
         self.last_system = r
         rss = num(r.get("rss"))
-        if rss is not None and self.step is not None:
+        if self.step is None:
+            return
+        if rss is not None:
             self.rss.add(self.step, rss)
+        gpus = r.get("gpus")
+        for gpu in gpus[:MAX_GPUS] if isinstance(gpus, list) else ():
+            index = integer(gpu.get("index")) if isinstance(gpu, dict) else None
+            if index is None:
+                continue
+            for what, key in (("util", "util"), ("memory", "mem_used")):
+                value = num(gpu.get(key))
+                if value is not None:
+                    self.gpus.setdefault(f"gpu{index} {what}", Series()).add(self.step, value)
 
     def _publisher(self, r: Record) -> None:
         if r.get("status") == "degraded" and self.status == "live":

@@ -9,6 +9,8 @@ field is read here, through :mod:`tuiwatch.ledger.fields`.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,7 @@ class Chart:
     window: int | None  # the last N steps, or None for the whole run
     log: bool = False
     unit: str = ""  # of the values: "" (a number), "s" (seconds), "B" (bytes)
+    span: tuple[int, int] | None = None  # the step axis, where charts share one (the metrics view)
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,23 @@ class RanksView:
     charted: tuple[int, ...] = ()  # the ranks drawn in the charts, in the order of RANK_ROLES
     wait: Chart | None = None  # each charted rank's data wait over steps
     memory: Chart | None = None  # and its memory (device allocated, else RSS)
+
+
+@dataclass(frozen=True)
+class MetricCell:
+    """One chart of the metrics view: a metric's name, its current value and its chart."""
+
+    name: str
+    value: float | None
+    chart: Chart
+
+
+@dataclass(frozen=True)
+class MetricsView:
+    cells: tuple[MetricCell, ...]  # every metric the filter keeps, in order; the pane shows a page of them
+    total: int  # metrics before the filter
+    pattern: str  # the filter ("" = all)
+    page: int  # asked for; the pane keeps it within the pages there are
 
 
 MAX_RANK_ROWS = 8  # more ranks than this are summarised: a 64-rank job is not 64 rows in a side pane
@@ -378,3 +398,63 @@ def memory_view(state: RunState, window: int | None) -> MemoryView:
         chart_label="allocated" if on_device else "rss",
         chart=Chart((Line.of(state.mem_allocated if on_device else state.rss, "memory"),), window, unit="B"),
     )
+
+
+def matches(name: str, pattern: str) -> bool:
+    """The metrics view's filter: a glob when it has ``*?[``, else a regular expression searched for
+    (case-insensitive); text that is not a valid expression is looked for as it is."""
+    if not pattern:
+        return True
+    if any(ch in pattern for ch in "*?["):
+        return fnmatch.fnmatchcase(name.lower(), pattern.lower())
+    try:
+        return re.search(pattern, name, re.IGNORECASE) is not None
+    except re.error:
+        return pattern.lower() in name.lower()
+
+
+def metrics_view(state: RunState, window: int | None, pattern: str = "", page: int = 0) -> MetricsView:
+    """Every numeric series the run has: its logged metrics, then evaluation's, then what tuiwatch measures.
+
+    The charts share one step axis (the run's steps, or the window's), so a
+    step is at the same column in every chart.
+    """
+    named: list[tuple[str, Series, str, str | None, bool, str, bool]] = []  # name, series, role, key, log, unit, ..
+
+    def add(name: str, series: Series, role: str, key: str | None = None, log: bool = False, unit: str = "") -> None:
+        if series.count:
+            named.append((name, series, role, key, log, unit, role == "eval"))
+
+    for name, series in state.metrics.items():
+        add(name, series, "train", key=name)
+    for name, series in state.eval_metrics.items():
+        add(f"eval {name}", series, "eval")
+    add("lr", state.lr, "lr", log=True)
+    add("grad_norm", state.grad_norm, "grad", key="grad_norm", log=True)
+    add("param_norm", state.param_norm, "grad", key="param_norm")
+    add("update_norm", state.update_norm, "grad", key="update_norm", log=True)
+    add("update/param", state.update_ratio, "grad", log=True)
+    add("examples_per_s", state.throughput, "compute", key="examples_per_s")
+    add("data_wait_s", state.data_wait, "wait", key="data_wait_s", unit="s")
+    add("compute_s", state.compute, "compute", key="compute_s", unit="s")
+    add("mem_allocated", state.mem_allocated, "memory", key="mem_allocated", unit="B")
+    add("rss", state.rss, "memory", unit="B")
+    for name, series in state.gpus.items():
+        add(name, series, "memory", unit="B" if name.endswith("memory") else "")
+    ends = [e for _, s, *_ in named if (e := s.end_step) is not None]
+    firsts = [f for _, s, *_ in named if (f := s.first_step) is not None]
+    span = None
+    if ends and firsts:
+        end = max(ends)
+        span = (min(firsts) if window is None else max(end - window + 1, min(firsts)), end)
+    cells = tuple(
+        MetricCell(
+            name,
+            # A step field's value at the last step (NaN included: it is the news), else the series' last.
+            latest(state.last_step, key, series) if key is not None else series.current,
+            Chart((Line.of(series, role, markers),), window, log, unit, span),
+        )
+        for name, series, role, key, log, unit, markers in named
+        if matches(name, pattern)
+    )
+    return MetricsView(cells, len(named), pattern, page)

@@ -227,17 +227,20 @@ def chart(
     window: int | None,
     log: bool = False,
     unit: str = "",
+    span: tuple[int, int] | None = None,
 ) -> list[Text]:
     """A chart as ``height`` rows of styled text: value labels on the left, the step axis on the last row.
 
     What a pane draws, and what the tests read (``.plain``): one path. Every
     trace is placed on the chart's one step axis, two columns of dots per
-    cell of the ``width``. ``unit`` ("", "s", "B") formats the value labels.
+    cell of the ``width``; ``span`` (first, last step) sets that axis where
+    several charts share one (the metrics view), else the traces' own steps do.
+    ``unit`` ("", "s", "B") formats the value labels.
     """
     if height < 1 or width <= LABEL_WIDTH + 2:
         return []
     cells = width - LABEL_WIDTH
-    steps = step_range(traces, window)
+    steps = span if span is not None and any(t.series.count for t in traces) else step_range(traces, window)
     plot_h = height - 1 if height >= 3 else height
     p = None
     if steps is not None:

@@ -1,0 +1,138 @@
+"""The metrics view (``m``): a chart for every numeric series, on one step axis, filtered by name, a page at a time."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuiwatch.viewer.panes.metrics import MetricsPane, grid_shape
+from tuiwatch.viewer.panes.training import TrainingPane
+from tuiwatch.viewer.sources import FileSource
+from tuiwatch.viewer.state import RunState
+from tuiwatch.viewer.views import matches, metrics_view
+from tuiwatch.viewer.widgets import FilterInput
+
+from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, shown, until, write_ledger
+
+LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
+HEALTHY = [
+    "loss",
+    "eval val_loss",
+    "eval val_acc",
+    "lr",
+    "grad_norm",
+    "param_norm",
+    "update_norm",
+    "update/param",
+    "examples_per_s",
+    "data_wait_s",
+    "compute_s",
+]
+
+
+def state_of(name: str) -> RunState:
+    state = RunState()
+    state.apply_all(json.loads(line) for line in (LEDGERS / name).read_text().splitlines())
+    return state
+
+
+def test_every_numeric_series_is_a_chart_on_the_run_s_one_step_axis():
+    state = state_of("healthy.jsonl")
+    view = metrics_view(state, None)
+    assert [c.name for c in view.cells] == HEALTHY
+    assert view.total == len(HEALTHY)
+    assert {c.chart.span for c in view.cells} == {(0, 149)}  # evals start later: same axis all the same
+    assert {c.chart.span for c in metrics_view(state, 100).cells} == {(50, 149)}
+    values = {c.name: c.value for c in view.cells}
+    assert values["loss"] == state.last_step["loss"]
+    ledger = [json.loads(line) for line in (LEDGERS / "healthy.jsonl").read_text().splitlines()]
+    both = [r for r in ledger if r.get("update_norm") is not None and r.get("param_norm")][-1]
+    assert values["update/param"] == both["update_norm"] / both["param_norm"]  # one step's two norms
+
+
+def test_a_metric_at_nan_shows_nan_not_its_last_finite_value():
+    state = state_of("healthy.jsonl")
+    state.apply({"kind": "step", "step": 150, "loss": math.nan, "grad_norm": 0.5})
+    values = {c.name: c.value for c in metrics_view(state, None).cells}
+    assert math.isnan(values["loss"])
+    assert values["grad_norm"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("pattern", "kept"),
+    [
+        ("", HEALTHY),
+        ("loss", ["loss", "eval val_loss"]),  # a regular expression, searched for, any case
+        ("^eval", ["eval val_loss", "eval val_acc"]),
+        ("*_norm", ["grad_norm", "param_norm", "update_norm"]),  # a glob: the whole name
+        ("NORM$", ["grad_norm", "param_norm", "update_norm"]),
+        ("update/(", []),  # not a valid expression: looked for as written
+        ("data|compute", ["data_wait_s", "compute_s"]),
+    ],
+)
+def test_the_filter_is_a_glob_or_a_regular_expression(pattern: str, kept: list[str]):
+    assert [c.name for c in metrics_view(state_of("healthy.jsonl"), None, pattern).cells] == kept
+    assert matches("update/(x", "update/(")
+
+
+def test_the_grid_fits_the_pane():
+    assert grid_shape(76, 20) == (2, 2)
+    assert grid_shape(196, 56) == (6, 7)
+    assert grid_shape(20, 5) == (1, 1)  # never none
+
+
+async def test_m_shows_every_metric_and_the_filter_and_pages_work():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, shown(app, "finished"))
+        await pilot.press("m")
+        await drawn(pilot)
+        pane = app.query_one(MetricsPane)
+        assert pane.display
+        assert not app.query_one(TrainingPane).display
+        lines = plain(pane).splitlines()
+        assert lines[0].startswith("11 metrics  page 1/3")
+        assert lines[1].split() == ["loss", "0.03734", "eval", "val_loss", "0.02241"]
+        # Every chart's step axis is the run's: 0 to 149.
+        axes = [line for line in lines if line.strip().startswith("0 ")]
+        assert axes
+        assert all(a.split() == ["0", "74", "149", "0", "74", "149"] for a in axes)
+        await pilot.press("right_square_bracket", "right_square_bracket", "right_square_bracket")
+        await drawn(pilot)
+        assert plain(pane).splitlines()[0].startswith("11 metrics  page 3/3")  # no page past the last
+        assert plain(pane).splitlines()[1].split()[:2] == ["examples_per_s", "16.67k"]  # the 9th of 11
+        await pilot.press("slash", "c", "o", "m")  # typed into the filter: no c command goes to the run
+        await drawn(pilot)
+        assert isinstance(app.focused, FilterInput)
+        assert plain(pane).splitlines()[0].startswith("1 of 11 metrics  filter com")
+        await pilot.press("enter")
+        assert app.focused is pane
+        assert app.metrics_pattern == "com"
+        await pilot.press("slash", "x", "escape")  # escape gives the filter back as it was
+        await drawn(pilot)
+        assert app.metrics_pattern == "com"
+        assert plain(pane).splitlines()[1].split()[:2] == ["compute_s", "3.3ms"]
+        assert not [n for n in app.notes if "read-only" in n]
+        await pilot.press("m")
+        assert not pane.display
+        assert app.query_one(TrainingPane).display
+        assert app.focused is app.query_one(TrainingPane)
+
+
+async def test_a_run_with_many_metrics_pages_them_and_the_window_key_applies(tmp_path: Path):
+    records: list[dict[str, Any]] = [{"kind": "run", "t": 1.0, "name": "many"}]
+    for step in range(300):
+        records.append({"kind": "step", "t": 1.0 + step, "step": step, **{f"m{i:02d}": step * i for i in range(20)}})
+    app = RecordingApp(FileSource(write_ledger(tmp_path / "ledger.jsonl", records)), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await until(pilot, lambda: app.loading is None and app.state.step == 299)
+        await pilot.press("m", "w")
+        await drawn(pilot)
+        lines = plain(app.query_one(MetricsPane)).splitlines()
+        assert lines[0].startswith("20 metrics")  # 6 x 7 charts fit 200x60: one page
+        assert "last 1k" in lines[0]
+        assert lines[1].split()[:4] == ["m00", "0", "m01", "299"]
