@@ -6,7 +6,9 @@
    over a real Unix socket; the viewer (headless, in this process) must keep
    up, with latency from send to fold bounded, and handle a key press;
 3. one chart drawn from a 1,000,000-step series;
-4. RSS of a process that replayed a 1,000,000-step ledger.
+4. the metrics view (``m``) of a 1,000,000-step run logging 30 metrics: a page
+   of its grid at 200x60 drawn, per chart and whole, and the memory of the fold;
+5. RSS of a process that replayed a 1,000,000-step ledger.
 
     python bench/viewer.py [--rate 10000] [--seconds 30]
 """
@@ -173,6 +175,44 @@ def chart_time() -> float:
     return statistics.median(times)
 
 
+def grid_time(steps: int, metrics: int = 30) -> tuple[float, float, int, float]:
+    """A page of the metrics view of ``steps`` steps of ``metrics`` logged metrics at 200x60: ms a chart, ms the
+    page (the view built and every chart of the page drawn), charts on the page, MiB the fold grew by."""
+    import psutil
+
+    from tuiwatch.viewer.panes.metrics import CELL_HEIGHT, GAP, grid_shape
+    from tuiwatch.viewer.state import RunState
+    from tuiwatch.viewer.views import metrics_view
+
+    rss0 = psutil.Process().memory_info().rss
+    state = RunState()
+    names = [f"metric_{i:02d}" for i in range(metrics)]
+    for step in range(steps):
+        state.apply(
+            {
+                "kind": "step",
+                "step": step,
+                "lr": [0.1],
+                "grad_norm": 1.0 / (1 + step),
+                **dict.fromkeys(names, step * 1e-3),
+            }
+        )
+    grown = (psutil.Process().memory_info().rss - rss0) / 2**20
+    columns, rows = grid_shape(200 - 4, 60 - 4)
+    width = (196 - GAP * (columns - 1)) // columns
+    page: list[float] = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        view = metrics_view(state, None)
+        cells = view.cells[: columns * rows]
+        for cell in cells:
+            traces = [Trace(line.series, Style(color="cyan"), line.markers) for line in cell.chart.lines]
+            chart(traces, width, CELL_HEIGHT - 1, None, cell.chart.log, cell.chart.unit, cell.chart.span)
+        page.append(time.perf_counter() - t0)
+    whole = statistics.median(page)
+    return whole / len(cells) * 1e3, whole * 1e3, len(cells), grown
+
+
 REPLAY = """
 import sys, psutil
 from tuiwatch.viewer.app import TuiwatchApp
@@ -212,6 +252,7 @@ def main() -> None:
     cold = cold_start(tmp)
     result = asyncio.run(ingest(tmp, args.rate, args.seconds))
     chart = chart_time()
+    grid_chart_ms, grid_page_ms, grid_charts, grid_mib = grid_time(args.steps)
     rss, last, replay_s = replay_rss(tmp, args.steps)
 
     print(f"{'measure':<58} {'value':>14}  bar")
@@ -227,6 +268,11 @@ def main() -> None:
         f"{result['key_p50_ms']:>6.0f} / {result['key_max_ms']:<5.0f}ms  < 100 ms"
     )
     print(f"{'one chart (100x10 cells) from a 1,000,000-step series':<58} {chart * 1e3:>11.2f} ms  <= 5 ms")
+    print(
+        f"{f'metrics view of {args.steps:,} steps x 30 metrics: a chart / the page of {grid_charts} at 200x60':<58} "
+        f"{grid_chart_ms:>5.2f} / {grid_page_ms:<5.0f}ms  <= 5 ms a chart"
+    )
+    print(f"{'  the fold of those steps: memory it grew by':<58} {grid_mib:>10.0f} MiB  < 200 MB")
     print(
         f"{f'RSS after replaying {args.steps:,} steps (last step {last:,}, {replay_s:.0f} s)':<58} "
         f"{rss / 2**20:>10.0f} MiB  < 200 MB"
