@@ -39,6 +39,7 @@ from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.ranks import RanksState
 from tuiwatch.viewer.run_info import run_info
+from tuiwatch.viewer.screens.alert import AlertScreen
 from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
 from tuiwatch.viewer.screens.help import QUIT, HelpScreen
 from tuiwatch.viewer.screens.run_info import RunInfoScreen
@@ -436,6 +437,9 @@ class TuiwatchApp(App[None]):
         self.query_one(FilterInput).display = False
         self.query_one(MetricsPane).focus()
         self.redraw(force=True)
+
+    def on_alerts_pane_chosen(self, message: AlertsPane.Chosen) -> None:
+        self.push_screen(AlertScreen(message.row))
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self.quit_does))

@@ -13,13 +13,14 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from tuiwatch.analysis.format import size
+from tuiwatch.analysis.format import json_text, size
 from tuiwatch.ledger.fields import integer, is_number, num
 from tuiwatch.ledger.records import EVAL_FIELDS, RESERVED_METRIC_NAMES, Record
 from tuiwatch.rules import REGISTRY
 from tuiwatch.viewer.render.series import Series
 
 MAX_ALERTS = 200
+MAX_EVIDENCE = 20_000  # characters of an alert's evidence kept to show (its batch ids are cut at 64 already)
 MAX_METRICS = 32  # distinct user metrics charted; more are not kept
 MAX_GPUS = 8  # NVML series kept for the metrics view: a node's GPUs
 LIVE_STATUSES = ("live", "paused", "degraded", "connecting")
@@ -39,6 +40,7 @@ class Alert:
     dump: str = ""  # the dump directory the alert's evidence names
     samples: tuple[int, ...] = ()  # the ids of the batch's samples that hold NaN/inf, when the run found them
     rank: int | None = None  # the rank that saw it, in a job of several
+    evidence: str = ""  # the record's evidence as indented JSON, for the alert's own screen (enter)
 
 
 def end_status(reason: str) -> str:
@@ -202,6 +204,7 @@ class RunState:
                 dump=str(evidence.get("dump") or "") if isinstance(evidence, dict) else "",
                 samples=_ids(evidence.get("nonfinite_sample_ids")) if isinstance(evidence, dict) else (),
                 rank=integer(r.get("rank")),
+                evidence=json_text(evidence)[:MAX_EVIDENCE] if isinstance(evidence, dict) else "",
             )
         )
 

@@ -135,6 +135,58 @@ class AlertsView:
     alerts: tuple[Alert, ...]  # newest first
 
 
+# The alert pane's levels (keys 1, 2): the severities each shows; 3 shows every alert (an unknown severity too).
+ALERT_LEVELS = {1: ("critical",), 2: ("critical", "warning")}
+
+
+def shown_at(alert: Alert, level: int) -> bool:
+    return level not in ALERT_LEVELS or alert.severity in ALERT_LEVELS[level]
+
+
+@dataclass(frozen=True)
+class AlertRow:
+    """One row of the alert pane: an alert, or several of one rule in a row (the newest stands for them)."""
+
+    alert: Alert
+    steps: tuple[int | None, ...] = ()  # a group's steps, newest first; () for a single alert
+
+    @property
+    def count(self) -> int:
+        return max(1, len(self.steps))
+
+
+def alert_rows(alerts: tuple[Alert, ...], level: int = 3) -> tuple[AlertRow, ...]:
+    """The alerts a level shows, newest first, with repeats of one rule next to each other as one row.
+
+    A command's fate is shown at every level when it failed (critical), and
+    with everything else at level 3. Rows of one rule, one severity and one
+    rank in a row are one group: at level 2 a loss spike every few hundred
+    steps, its "cleared" lines hidden, is one row that says how many.
+    """
+    kept = [a for a in alerts if shown_at(a, level)]
+    rows: list[AlertRow] = []
+    group: list[Alert] = []
+    for alert in [*kept, None]:
+        head = group[0] if group else None
+        same = (
+            head is not None
+            and alert is not None
+            and (alert.rule, alert.severity, alert.rank)
+            == (
+                head.rule,
+                head.severity,
+                head.rank,
+            )
+        )
+        if same and alert is not None and alert.rule != "command":
+            group.append(alert)
+            continue
+        if head is not None:
+            rows.append(AlertRow(head, tuple(a.step for a in group) if len(group) > 1 else ()))
+        group = [alert] if alert is not None else []
+    return tuple(rows)
+
+
 @dataclass(frozen=True)
 class RankRow:
     rank: int

@@ -19,7 +19,8 @@ f   full-screen the focused pane (f again to go back)
 i   the run: how it was started and watched, and its machine now
 m   every metric as a grid of charts (m again: back)
       /  filter them by name (glob or regex)   [ ]  page
-tab focus the next pane
+tab focus the next pane; in alerts: ↑ ↓ select, 1 2 3 criticals / warnings / all,
+    enter the alert whole
 ?   this help
 q   {quit}
 
