@@ -142,3 +142,33 @@ async def test_a_run_with_many_metrics_pages_them_and_the_window_key_applies(tmp
         assert lines[0].startswith("20 metrics")  # 6 x 7 charts fit 200x60: one page
         assert "last 1k" in lines[0]
         assert lines[1].split()[:4] == ["m00", "0", "m01", "299"]
+
+
+async def test_e_cycles_the_moving_average_and_y_the_log_axis_of_the_loss_and_the_metrics():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "finished"))
+        training = app.query_one(TrainingPane)
+        await pilot.press("e", "e")
+        await drawn(pilot)
+        assert training.view is not None
+        assert training.view.loss.smooth == 0.9
+        assert training.view.lr.smooth == 0.0  # lr and grad norm: each step's own value is the news
+        assert plain(training).splitlines()[0].endswith("all steps  ema 0.9")
+        await pilot.press("y")
+        await drawn(pilot)
+        assert training.view.loss.log
+        assert plain(training).splitlines()[0].endswith("ema 0.9  log")
+        await pilot.press("m")
+        await drawn(pilot)
+        metrics = app.query_one(MetricsPane).view
+        assert metrics is not None
+        assert all(c.chart.log for c in metrics.cells)
+        assert {c.chart.smooth for c in metrics.cells} == {0.9}
+        await pilot.press("e", "e", "y")  # 0.99, then off
+        await drawn(pilot)
+        metrics = app.query_one(MetricsPane).view
+        assert metrics is not None
+        assert {c.chart.smooth for c in metrics.cells} == {0.0}
+        assert [c.name for c in metrics.cells if c.chart.log] == ["lr", "grad_norm", "update_norm", "update/param"]
+        assert app.notes[:2] == ["smoothing: moving average, weight 0.6", "smoothing: moving average, weight 0.9"]

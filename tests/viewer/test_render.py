@@ -6,12 +6,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.style import Style
 
 from tuiwatch.analysis.format import fit, number, quantity
 from tuiwatch.viewer.render.chart import _DOT as DOT
-from tuiwatch.viewer.render.chart import LABEL_WIDTH, Trace, chart
-from tuiwatch.viewer.render.series import Series
+from tuiwatch.viewer.render.chart import LABEL_WIDTH, Trace, chart, smoothed
+from tuiwatch.viewer.render.series import Column, Series
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 
@@ -197,3 +198,27 @@ def test_a_constant_series_is_labelled_with_its_value_on_its_own_row():
         drawn_on = [r for r, line in enumerate(rows) if any(ch not in " ⠀" for ch in line.split("┤")[1])]
         assert [rows[r].split("┤")[0].strip() for r in labelled] == ["0.1"]  # not 0.0985 beside a line at 0.1
         assert labelled == drawn_on
+
+
+def test_smoothing_is_a_debiased_moving_average_of_the_drawn_points():
+    columns = [Column(x, x, v, v, v) for x, v in enumerate([1.0, 0.0, 0.0])]
+    assert [c.value for c in smoothed(columns, 0.5)] == pytest.approx([1.0, 1 / 3, 1 / 7])
+    assert [c.value for c in smoothed(columns, 0.0)] == [1.0, 0.0, 0.0]
+
+
+def test_a_smoothed_noisy_line_is_drawn_through_the_middle_over_its_faint_raw_points():
+    series = Series()
+    for step in range(400):
+        series.add(step, float(step % 2))  # 0, 1, 0, 1: a band from 0 to 1, its average 0.5
+    line, faint = Style(color="red"), Style(color="red") + Style(dim=True)
+    rows = chart([Trace(series, line, smooth=0.9)], 40, 9, None)[:-1]  # eight rows of dots, then the step axis
+    # The right half of the chart, where the average has settled (debiased, it starts at the first point: 1).
+    half = LABEL_WIDTH + 16
+    owners: dict[int, set[Any]] = {}
+    for r, row in enumerate(rows):
+        for span in row.spans:
+            if span.end > half and span.style in (line, faint):
+                owners.setdefault(r, set()).add(span.style)
+    assert owners[0] == {faint}  # the top and bottom rows: the raw points' alone
+    assert owners[7] == {faint}
+    assert {r for r, styles in owners.items() if line in styles} in ({3}, {4}, {3, 4})  # 0.5: the middle rows

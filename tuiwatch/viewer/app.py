@@ -58,6 +58,7 @@ APART_PAUSE = (
     "until the process group's timeout ended the job); press p again"
 )
 COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
+SMOOTHING = (0.0, 0.6, 0.9, 0.99)  # e cycles the moving average's weight through these (0: off), as TensorBoard's
 # A critical alert rings the terminal bell when it is newer than this as it arrives: the alerts a viewer
 # attaching late is sent from the run's history are not news.
 BELL_RECENT_S = 30.0
@@ -80,6 +81,8 @@ class TuiwatchApp(App[None]):
         # In ?: the footer keeps its room for the commands.
         Binding("i", "info", "info", show=False),
         Binding("m", "metrics", "metrics", show=False),
+        Binding("e", "smooth", "smoothing", show=False),
+        Binding("y", "log_y", "log scale", show=False),
         Binding("slash", "filter", "filter", show=False),
         Binding("right_square_bracket,pagedown", "page(1)", "next page", show=False),
         Binding("left_square_bracket,pageup", "page(-1)", "previous page", show=False),
@@ -122,6 +125,9 @@ class TuiwatchApp(App[None]):
         self.metrics_page = 0
         self._metrics_count = 0
         self._pattern_before = ""  # the filter before / was pressed: what escape gives back
+        # e and y: the moving average drawn over the loss (and the metrics view's lines), a log value axis.
+        self.smoothing_index = 0
+        self.log_y = False
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""
@@ -306,6 +312,8 @@ class TuiwatchApp(App[None]):
             mode=self.mode,
             loading=self.loading,
             ranks=self.ranks,
+            smooth=SMOOTHING[self.smoothing_index],
+            log_y=self.log_y,
         )
         header.view = views.header
         self.query_one(TrainingPane).view = views.training
@@ -315,7 +323,14 @@ class TuiwatchApp(App[None]):
         if views.ranks is not None:
             self.query_one(RanksPane).view = views.ranks
         if self.metrics_shown:
-            metrics = metrics_view(self.state, WINDOWS[self.window_index], self.metrics_pattern, self.metrics_page)
+            metrics = metrics_view(
+                self.state,
+                WINDOWS[self.window_index],
+                self.metrics_pattern,
+                self.metrics_page,
+                SMOOTHING[self.smoothing_index],
+                self.log_y,
+            )
             self._metrics_count = len(metrics.cells)
             self.query_one(MetricsPane).view = metrics
         available = self._commands_available()
@@ -388,6 +403,18 @@ class TuiwatchApp(App[None]):
     def action_window(self) -> None:
         self.window_index = (self.window_index + 1) % len(WINDOWS)
         self.notify(f"charts: {window_label(WINDOWS[self.window_index])}", timeout=1.5, markup=False)
+        self.redraw(force=True)
+
+    def action_smooth(self) -> None:
+        self.smoothing_index = (self.smoothing_index + 1) % len(SMOOTHING)
+        weight = SMOOTHING[self.smoothing_index]
+        said = f"smoothing: moving average, weight {weight:g}" if weight else "smoothing: off"
+        self.notify(said, timeout=1.5, markup=False)
+        self.redraw(force=True)
+
+    def action_log_y(self) -> None:
+        self.log_y = not self.log_y
+        self.notify(f"loss (and metrics) value axis: {'log' if self.log_y else 'linear'}", timeout=1.5, markup=False)
         self.redraw(force=True)
 
     def action_fullscreen(self) -> None:

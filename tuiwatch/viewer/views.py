@@ -45,6 +45,7 @@ class Chart:
     log: bool = False
     unit: str = ""  # of the values: "" (a number), "s" (seconds), "B" (bytes)
     span: tuple[int, int] | None = None  # the step axis, where charts share one (the metrics view)
+    smooth: float = 0.0  # the weight of the moving average drawn over the lines (e), 0: none
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,8 @@ def build_views(
     mode: str,
     loading: int | None = None,
     ranks: RanksState | None = None,
+    smooth: float = 0.0,
+    log_y: bool = False,
 ) -> Views:
     header = header_view(state, now, mode, loading)
     if ranks is not None:
@@ -259,7 +262,7 @@ def build_views(
         header = dataclasses.replace(header, ranks=of)
     return Views(
         header,
-        training_view(state, window),
+        training_view(state, window, smooth, log_y),
         timing_view(state, window),
         memory_view(state, window),
         AlertsView(tuple(state.alerts)),
@@ -356,7 +359,9 @@ def latest(step: Record, key: str, series: Series) -> float | None:
     return value if value is not None else series.current
 
 
-def training_view(state: RunState, window: int | None) -> TrainingView:
+def training_view(state: RunState, window: int | None, smooth: float = 0.0, log_y: bool = False) -> TrainingView:
+    """``smooth`` and ``log_y`` (keys ``e`` and ``y``) are for the loss chart: lr and grad norm are drawn in
+    log already, and one step's norm is the news, not its average."""
     train, evaluation = train_metric(state), eval_metric(state)
     step = state.last_step
     lr = step.get("lr")
@@ -372,7 +377,7 @@ def training_view(state: RunState, window: int | None) -> TrainingView:
         train_value=latest(step, train, state.metrics[train]) if train is not None else None,
         eval_name=evaluation,
         eval_value=state.eval_metrics[evaluation].current if evaluation is not None else None,
-        loss=Chart(tuple(loss_lines), window),
+        loss=Chart(tuple(loss_lines), window, log=log_y, smooth=smooth),
         lr_value=lr_value,
         lr=Chart((Line.of(state.lr, "lr"),), window, log=True),
         # The norm and the clipped flag of one step: a step without a norm shows none, not an older one's.
@@ -465,11 +470,19 @@ def matches(name: str, pattern: str) -> bool:
         return pattern.lower() in name.lower()
 
 
-def metrics_view(state: RunState, window: int | None, pattern: str = "", page: int = 0) -> MetricsView:
+def metrics_view(
+    state: RunState,
+    window: int | None,
+    pattern: str = "",
+    page: int = 0,
+    smooth: float = 0.0,
+    log_y: bool = False,
+) -> MetricsView:
     """Every numeric series the run has: its logged metrics, then evaluation's, then what tuiwatch measures.
 
     The charts share one step axis (the run's steps, or the window's), so a
-    step is at the same column in every chart.
+    step is at the same column in every chart. ``smooth`` draws each line's
+    moving average over it; ``log_y`` puts every chart on a log scale.
     """
     named: list[tuple[str, Series, str, str | None, bool, str, bool]] = []  # name, series, role, key, log, unit, ..
 
@@ -504,7 +517,7 @@ def metrics_view(state: RunState, window: int | None, pattern: str = "", page: i
             name,
             # A step field's value at the last step (NaN included: it is the news), else the series' last.
             latest(state.last_step, key, series) if key is not None else series.current,
-            Chart((Line.of(series, role, markers),), window, log, unit, span),
+            Chart((Line.of(series, role, markers),), window, log or log_y, unit, span, smooth),
         )
         for name, series, role, key, log, unit, markers in named
         if matches(name, pattern)

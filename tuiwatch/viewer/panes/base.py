@@ -68,5 +68,5 @@ class Pane(Widget, can_focus=True):
         return self.style_of("critical") if value is not None and not math.isfinite(value) else ""
 
     def draw(self, c: Chart, width: int, height: int) -> list[Text]:
-        traces = [Trace(line.series, self.style_of(line.role), line.markers) for line in c.lines]
+        traces = [Trace(line.series, self.style_of(line.role), line.markers, c.smooth) for line in c.lines]
         return chart(traces, width, height, c.window, c.log, c.unit, c.span)

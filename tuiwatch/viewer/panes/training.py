@@ -56,9 +56,15 @@ class TrainingPane(Pane):
         if used + len(label) > width:
             label = f"  {window_label(v.loss.window, short=True)}"  # "last 1k": the window still shows
         window = [(label, dim)]
+        # e and y: said beside the window, left out first where the line is short.
+        tags: list[Piece] = [
+            (f"  ema {v.loss.smooth:g}" if v.loss.smooth else "", dim),
+            ("  log" if v.loss.log else "", dim),
+        ]
         # Narrow: a chosen window (not "all") is worth more than the eval value beside the train loss.
-        rank = (0, 2, 1) if v.loss.window is not None else (0, 1, 2)
-        rows = [fitted(width, train, evaluation, window, rank=rank), *self.draw(v.loss, width, loss_h)]
+        rank = (0, 2, 1, 3) if v.loss.window is not None else (0, 1, 2, 3)
+        line = fitted(width, train, evaluation, window, tags, rank=rank)
+        rows = [line, *self.draw(v.loss, width, loss_h)]
         lr_value = [(number(v.lr_value), self.value_style(v.lr_value))]
         rows.append(fitted(width, [("lr (log) ", self.style_of("lr-title")), *lr_value]))
         rows += self.draw(v.lr, width, chart_h)

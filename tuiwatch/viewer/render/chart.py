@@ -28,11 +28,28 @@ MIB = float(2**20)
 
 @dataclass(frozen=True)
 class Trace:
-    """One series as a chart draws it: a line, or markers (evals: a few points that must not hide the line)."""
+    """One series as a chart draws it: a line, or markers (evals: a few points that must not hide the line).
+
+    ``smooth`` > 0: the line's exponential moving average with that weight is
+    drawn in its style over its raw points, drawn faint (:func:`smoothed`).
+    """
 
     series: Series
     style: Style
     markers: bool = False
+    smooth: float = 0.0
+
+
+def smoothed(columns: Sequence[Column], weight: float) -> list[Column]:
+    """The exponential moving average of the columns' values, debiased at the start (as TensorBoard smooths):
+    ``s = weight * s + (1 - weight) * v``, divided by ``1 - weight ** n`` after ``n`` values. It runs over
+    the points drawn, a column's last value each (the whole run's points are not all kept)."""
+    out, average = [], 0.0
+    for n, c in enumerate(columns, start=1):
+        average = weight * average + (1 - weight) * c.value
+        value = average / (1 - weight**n)
+        out.append(Column(c.x, c.step, value, value, value))
+    return out
 
 
 @dataclass(frozen=True)
@@ -243,9 +260,18 @@ def chart(
     steps = span if span is not None and any(t.series.count for t in traces) else step_range(traces, window)
     plot_h = height - 1 if height >= 3 else height
     p = None
+    styles = [t.style for t in traces]
     if steps is not None:
         columns = [t.series.columns(steps[0], steps[1], cells * 2) for t in traces]
-        p = plot(columns, cells, plot_h, log, [t.markers for t in traces], unit)
+        markers = [t.markers for t in traces]
+        for k, t in enumerate(traces):
+            if t.smooth > 0 and not t.markers and columns[k]:
+                # The raw points faint, the average on top in the line's own colour.
+                styles[k] = t.style + Style(dim=True)
+                columns.append(smoothed(columns[k], t.smooth))
+                markers.append(False)
+                styles.append(t.style)
+        p = plot(columns, cells, plot_h, log, markers, unit)
     if steps is None or p is None:
         empty = "(no positive values)" if log and any(t.series.count for t in traces) else "(no data yet)"
         said = next(t for t in (" " * LABEL_WIDTH + empty, empty, "no data", "-") if len(t) <= width)
@@ -260,11 +286,11 @@ def chart(
         for ch, cell_owner in row:
             if cell_owner >= 0 and cell_owner != owner:
                 if owner >= 0:
-                    text.append("".join(run), style=traces[owner].style)
+                    text.append("".join(run), style=styles[owner])
                     run = []
                 owner = cell_owner  # blanks before it take its style: they draw nothing
             run.append(ch)
-        text.append("".join(run), style=traces[owner].style if owner >= 0 else "")
+        text.append("".join(run), style=styles[owner] if owner >= 0 else "")
         rows.append(text)
     if plot_h < height:
         axis = step_axis(steps[0], steps[1], cells)
