@@ -117,5 +117,6 @@ def test_attach_takes_no_bell_into_the_app_options():
     assert viewer_options(build_parser().parse_args(["attach", "--no-bell", "--fps", "10", "x"])) == {
         "fps": 10.0,
         "bell": False,
+        "baseline": None,
     }
     assert viewer_options(build_parser().parse_args(["attach", "x"]))["bell"] is True

@@ -259,3 +259,61 @@ def as_text(c: Comparison, fields: Sequence[str]) -> str:
     if c.unchecked:
         lines.append(f"not recorded by either run, so not compared: {', '.join(c.unchecked)}")
     return "\n".join(lines)
+
+
+class Parting:
+    """The first step where a run A parts from a run B, found as A's records arrive (the viewer's ``--compare``).
+
+    B's values of :data:`FIELDS` are kept for its first ``max_steps`` steps
+    (compact: a tuple a step); A's step records are compared as they come, in
+    step order, as ``diff`` compares them (exactly); the first difference is
+    kept. Steps past ``max_steps`` are not compared, and :meth:`said` says so.
+    """
+
+    def __init__(self, b: Iterable[Record], max_steps: int = 100_000):
+        self.max_steps = max_steps
+        self.run_b: Mapping[str, Any] = {}
+        self.b: dict[int, tuple[Any, ...]] = {}
+        for r in b:
+            kind = r.get("kind")
+            if kind == "run" and not self.run_b:
+                self.run_b = r
+            step = integer(r.get("step"))
+            if kind == "step" and step is not None and step < max_steps:
+                self.b[step] = tuple(_value(r, name) for name in FIELDS)
+        self.reset()
+
+    def reset(self) -> None:
+        """A's stream starts over (a reconnect): compare again from its first step."""
+        self.run_a: Mapping[str, Any] = {}
+        self.compared = 0
+        self.last: int | None = None  # the last step of A compared
+        self.found: Difference | None = None
+
+    def feed(self, record: Record) -> None:
+        kind = record.get("kind")
+        if kind == "run":
+            self.run_a = record
+            return
+        step = integer(record.get("step"))
+        other = self.b.get(step) if kind == "step" and step is not None and self.found is None else None
+        if other is None:
+            return
+        for name, vb in zip(FIELDS, other, strict=True):
+            va = _value(record, name)
+            if not _close(va, vb, 0.0, 0.0):
+                ids = record.get("batch_ids") is not None and other[FIELDS.index("batch_ids")] is not None
+                setup = setup_differences(self.run_a, self.run_b)
+                self.found = Difference(step, name, va, vb, meaning(name, ids, _on_gpu(self.run_a, self.run_b), setup))
+                return
+        self.compared += 1
+        self.last = step
+
+    def said(self) -> str:
+        """One short phrase for the viewer: where the runs part, or how far they agree."""
+        if self.found is not None:
+            return f"parts at step {self.found.step} ({self.found.field})"
+        if not self.compared:
+            return "no common step yet"
+        beyond = f" (steps past {self.max_steps:,} not compared)" if (self.last or 0) >= self.max_steps - 1 else ""
+        return f"same for {self.compared:,} steps{beyond}"

@@ -39,6 +39,7 @@ def add_parser(sub: Any) -> None:
     )
     add_remote_options(p)
     add_fps_option(p)
+    add_compare_option(p)
     p.add_argument(
         "--no-bell",
         dest="bell",
@@ -71,7 +72,27 @@ def add_fps_option(p: Any) -> None:
 
 def viewer_options(args: argparse.Namespace) -> dict[str, Any]:
     """What the command line sets of the viewer app (its keyword arguments)."""
-    return {"fps": args.fps, "bell": args.bell}
+    return {"fps": args.fps, "bell": args.bell, "baseline": baseline_of(args.compare)}
+
+
+def add_compare_option(p: Any) -> None:
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="B",
+        help="draw another run (a ledger or run directory) beside this one in every chart, aligned by step, and "
+        "say at which step the two part",
+    )
+
+
+def baseline_of(path: str | None) -> Any:
+    """The run ``--compare`` names, read and folded once (a one-line error when it cannot be read)."""
+    if path is None:
+        return None
+    from tuiwatch.viewer.baseline import Baseline
+    from tuiwatch.viewer.sources import read_run
+
+    return Baseline.of(read_run(path), label=path)
 
 
 def add_remote_options(p: Any) -> None:

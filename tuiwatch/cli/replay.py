@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuiwatch.cli.attach import add_fps_option
+from tuiwatch.cli.attach import add_compare_option, add_fps_option, baseline_of
 
 if TYPE_CHECKING:
     from tuiwatch.viewer.sources import Source
@@ -22,13 +22,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("path", help="ledger.jsonl or a run directory")
     p.add_argument("--follow", action="store_true", help="keep reading as the ledger grows")
     add_fps_option(p)
+    add_compare_option(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tuiwatch.viewer.app import TuiwatchApp
 
-    return TuiwatchApp(replay_source(args.path, args.follow), fps=args.fps).run_viewer()
+    source = replay_source(args.path, args.follow)
+    return TuiwatchApp(source, fps=args.fps, baseline=baseline_of(args.compare)).run_viewer()
 
 
 def replay_source(path: str, follow: bool = False) -> Source:

@@ -20,6 +20,7 @@ from tuiwatch.analysis.format import safe
 from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.records import Record
 from tuiwatch.viewer import DEFAULT_FPS
+from tuiwatch.viewer.baseline import Baseline
 from tuiwatch.viewer.messages import (
     RecordsReceived,
     SourceConnected,
@@ -96,8 +97,10 @@ class TuiwatchApp(App[None]):
         fps: float = DEFAULT_FPS,
         quit_does: str = QUIT,
         bell: bool = True,
+        baseline: Baseline | None = None,
     ):
         super().__init__()
+        self.baseline = baseline  # --compare: another run drawn beside this one
         self.bell_on = bell
         self._rung: set[tuple[object, ...]] = set()  # the critical alerts rung for, across reconnects
         self.quit_does = quit_does  # what q does, as help says it: the demo's q also ends its own training
@@ -182,7 +185,10 @@ class TuiwatchApp(App[None]):
             # still in flight stay: their replies come on the new connection.
             self.state = RunState(pending=self.state.pending)
             self._new_connection = False
+            if self.baseline is not None:
+                self.baseline.parting.reset()
         self.state.apply_all(message.records)
+        self._compare(message.records)
         self._ring_for(message.records)
         self._changed()
         self._tell_answers()
@@ -196,11 +202,19 @@ class TuiwatchApp(App[None]):
                 # The lead rank's stream starts over: the run's state too, with the other ranks' alerts kept.
                 self.state = RunState(pending=self.state.pending)
                 self.state.apply_all(self.ranks.kept_alerts())
+                if self.baseline is not None:
+                    self.baseline.parting.reset()
         main = self.ranks.apply(rank, records, self.clock())
         self.state.apply_all(main)
+        self._compare(main)
         self._ring_for(main)
         self._changed()
         self._tell_answers()
+
+    def _compare(self, records: list[Record]) -> None:
+        if self.baseline is not None:
+            for record in records:
+                self.baseline.parting.feed(record)
 
     def _ring_for(self, records: list[Record]) -> None:
         """The terminal bell for a critical alert that just happened in a live run (tmux and most terminals
@@ -314,6 +328,7 @@ class TuiwatchApp(App[None]):
             ranks=self.ranks,
             smooth=SMOOTHING[self.smoothing_index],
             log_y=self.log_y,
+            baseline=self.baseline,
         )
         header.view = views.header
         self.query_one(TrainingPane).view = views.training
@@ -330,6 +345,7 @@ class TuiwatchApp(App[None]):
                 self.metrics_page,
                 SMOOTHING[self.smoothing_index],
                 self.log_y,
+                self.baseline.state if self.baseline is not None else None,
             )
             self._metrics_count = len(metrics.cells)
             self.query_one(MetricsPane).view = metrics

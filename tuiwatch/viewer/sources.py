@@ -25,7 +25,7 @@ from textual.message import Message
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.chain import earlier_parts
 from tuiwatch.ledger.codec import DecodeError, decode
-from tuiwatch.ledger.reader import ledger_path
+from tuiwatch.ledger.reader import ledger_path, read_ledger
 from tuiwatch.ledger.records import Record
 from tuiwatch.viewer.messages import (
     RecordsReceived,
@@ -392,6 +392,16 @@ class TcpSource(SocketSource):
         with self._lock:
             self._sock = sock
         return sock, first
+
+
+def read_run(path: str | Path) -> list[Record]:
+    """Every record of a run's ledger (a file, a run directory, or the newest of a directory of runs), its
+    earlier parts first when it was resumed: what ``--compare`` draws. A one-line error when it cannot be read."""
+    ledger = ledger_path(path, latest=True)
+    try:
+        return [*earlier_parts(ledger).records, *read_ledger(ledger)]
+    except OSError as exc:
+        raise TuiwatchError(f"cannot read {ledger}: {exc.strerror or exc}") from None
 
 
 class FileSource:

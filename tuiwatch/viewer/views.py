@@ -17,6 +17,7 @@ from typing import Any
 
 from tuiwatch.ledger.fields import finite, integer, num
 from tuiwatch.ledger.records import Record
+from tuiwatch.viewer.baseline import Baseline
 from tuiwatch.viewer.ranks import RanksState
 from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.state import Alert, RunState
@@ -78,6 +79,7 @@ class TrainingView:
     grad_norm: Chart
     others: tuple[tuple[str, float | None], ...]  # further user metrics and their current values
     step_unit: str = "steps"  # what the x axis counts: "optimizer steps" when micro-batches fold
+    compared: str | None = None  # --compare: "vs NAME: parts at step 120 (loss)"
 
 
 @dataclass(frozen=True)
@@ -254,6 +256,7 @@ def build_views(
     ranks: RanksState | None = None,
     smooth: float = 0.0,
     log_y: bool = False,
+    baseline: Baseline | None = None,
 ) -> Views:
     header = header_view(state, now, mode, loading)
     if ranks is not None:
@@ -262,7 +265,7 @@ def build_views(
         header = dataclasses.replace(header, ranks=of)
     return Views(
         header,
-        training_view(state, window, smooth, log_y),
+        training_view(state, window, smooth, log_y, baseline),
         timing_view(state, window),
         memory_view(state, window),
         AlertsView(tuple(state.alerts)),
@@ -359,9 +362,16 @@ def latest(step: Record, key: str, series: Series) -> float | None:
     return value if value is not None else series.current
 
 
-def training_view(state: RunState, window: int | None, smooth: float = 0.0, log_y: bool = False) -> TrainingView:
+def training_view(
+    state: RunState,
+    window: int | None,
+    smooth: float = 0.0,
+    log_y: bool = False,
+    baseline: Baseline | None = None,
+) -> TrainingView:
     """``smooth`` and ``log_y`` (keys ``e`` and ``y``) are for the loss chart: lr and grad norm are drawn in
-    log already, and one step's norm is the news, not its average."""
+    log already, and one step's norm is the news, not its average. ``baseline`` (``--compare``): the other
+    run's loss, lr and grad norm in each chart, and where the two part."""
     train, evaluation = train_metric(state), eval_metric(state)
     step = state.last_step
     lr = step.get("lr")
@@ -372,6 +382,16 @@ def training_view(state: RunState, window: int | None, smooth: float = 0.0, log_
     if evaluation is not None:
         loss_lines.append(Line.of(state.eval_metrics[evaluation], "eval", markers=True))
     others = [n for n in state.metrics if n != train][:MAX_OTHER_METRICS]
+    lr_lines, grad_lines = [Line.of(state.lr, "lr")], [Line.of(state.grad_norm, "grad")]
+    compared = None
+    if baseline is not None:
+        b = baseline.state
+        b_train = train if train is not None and train in b.metrics else train_metric(b)
+        if b_train is not None:
+            loss_lines.append(Line.of(b.metrics[b_train], "compare"))
+        lr_lines.append(Line.of(b.lr, "compare"))
+        grad_lines.append(Line.of(b.grad_norm, "compare"))
+        compared = f"vs {baseline.label}: {baseline.parting.said()}"
     return TrainingView(
         train_name=train,
         train_value=latest(step, train, state.metrics[train]) if train is not None else None,
@@ -379,13 +399,14 @@ def training_view(state: RunState, window: int | None, smooth: float = 0.0, log_
         eval_value=state.eval_metrics[evaluation].current if evaluation is not None else None,
         loss=Chart(tuple(loss_lines), window, log=log_y, smooth=smooth),
         lr_value=lr_value,
-        lr=Chart((Line.of(state.lr, "lr"),), window, log=True),
+        lr=Chart(tuple(lr_lines), window, log=True),
         # The norm and the clipped flag of one step: a step without a norm shows none, not an older one's.
         grad_norm_value=num(step.get("grad_norm")),
         grad_norm_clipped=step.get("grad_norm_clipped") is True,
-        grad_norm=Chart((Line.of(state.grad_norm, "grad"),), window, log=True),
+        grad_norm=Chart(tuple(grad_lines), window, log=True),
         others=tuple((n, state.metrics[n].current) for n in others),
         step_unit="optimizer steps" if state.run.get("step_per") == "optimizer" else "steps",
+        compared=compared,
     )
 
 
@@ -470,6 +491,38 @@ def matches(name: str, pattern: str) -> bool:
         return pattern.lower() in name.lower()
 
 
+@dataclass(frozen=True)
+class Named:
+    """A series of a run under the name the metrics view gives it, and how it is drawn."""
+
+    name: str
+    series: Series
+    role: str
+    key: str | None = None  # the step record's field, when the series is one: its value at the last step
+    log: bool = False
+    unit: str = ""
+
+
+def named_series(state: RunState) -> list[Named]:
+    """Every numeric series of a run: its logged metrics, then evaluation's, then what tuiwatch measures."""
+    named = [Named(name, series, "train", key=name) for name, series in state.metrics.items()]
+    named += [Named(f"eval {name}", series, "eval") for name, series in state.eval_metrics.items()]
+    named += [
+        Named("lr", state.lr, "lr", log=True),
+        Named("grad_norm", state.grad_norm, "grad", "grad_norm", log=True),
+        Named("param_norm", state.param_norm, "grad", "param_norm"),
+        Named("update_norm", state.update_norm, "grad", "update_norm", log=True),
+        Named("update/param", state.update_ratio, "grad", log=True),
+        Named("examples_per_s", state.throughput, "compute", "examples_per_s"),
+        Named("data_wait_s", state.data_wait, "wait", "data_wait_s", unit="s"),
+        Named("compute_s", state.compute, "compute", "compute_s", unit="s"),
+        Named("mem_allocated", state.mem_allocated, "memory", "mem_allocated", unit="B"),
+        Named("rss", state.rss, "memory", unit="B"),
+    ]
+    named += [Named(n, s, "memory", unit="B" if n.endswith("memory") else "") for n, s in state.gpus.items()]
+    return [n for n in named if n.series.count]
+
+
 def metrics_view(
     state: RunState,
     window: int | None,
@@ -477,49 +530,33 @@ def metrics_view(
     page: int = 0,
     smooth: float = 0.0,
     log_y: bool = False,
+    baseline: RunState | None = None,
 ) -> MetricsView:
-    """Every numeric series the run has: its logged metrics, then evaluation's, then what tuiwatch measures.
+    """Every numeric series the run has, a chart each (:func:`named_series`); with ``baseline`` (``--compare``),
+    that run's series of the same name drawn in the same chart.
 
-    The charts share one step axis (the run's steps, or the window's), so a
-    step is at the same column in every chart. ``smooth`` draws each line's
-    moving average over it; ``log_y`` puts every chart on a log scale.
+    The charts share one step axis (the run's steps, or the window's, the
+    baseline's included), so a step is at the same column in every chart.
+    ``smooth`` draws each line's moving average over it; ``log_y`` puts every
+    chart on a log scale.
     """
-    named: list[tuple[str, Series, str, str | None, bool, str, bool]] = []  # name, series, role, key, log, unit, ..
-
-    def add(name: str, series: Series, role: str, key: str | None = None, log: bool = False, unit: str = "") -> None:
-        if series.count:
-            named.append((name, series, role, key, log, unit, role == "eval"))
-
-    for name, series in state.metrics.items():
-        add(name, series, "train", key=name)
-    for name, series in state.eval_metrics.items():
-        add(f"eval {name}", series, "eval")
-    add("lr", state.lr, "lr", log=True)
-    add("grad_norm", state.grad_norm, "grad", key="grad_norm", log=True)
-    add("param_norm", state.param_norm, "grad", key="param_norm")
-    add("update_norm", state.update_norm, "grad", key="update_norm", log=True)
-    add("update/param", state.update_ratio, "grad", log=True)
-    add("examples_per_s", state.throughput, "compute", key="examples_per_s")
-    add("data_wait_s", state.data_wait, "wait", key="data_wait_s", unit="s")
-    add("compute_s", state.compute, "compute", key="compute_s", unit="s")
-    add("mem_allocated", state.mem_allocated, "memory", key="mem_allocated", unit="B")
-    add("rss", state.rss, "memory", unit="B")
-    for name, series in state.gpus.items():
-        add(name, series, "memory", unit="B" if name.endswith("memory") else "")
-    ends = [e for _, s, *_ in named if (e := s.end_step) is not None]
-    firsts = [f for _, s, *_ in named if (f := s.first_step) is not None]
+    named = named_series(state)
+    other = {n.name: n.series for n in named_series(baseline)} if baseline is not None else {}
+    drawn = [n.series for n in named] + [other[n.name] for n in named if n.name in other]
+    ends = [e for s in drawn if (e := s.end_step) is not None]
+    firsts = [f for s in drawn if (f := s.first_step) is not None]
     span = None
     if ends and firsts:
         end = max(ends)
         span = (min(firsts) if window is None else max(end - window + 1, min(firsts)), end)
-    cells = tuple(
-        MetricCell(
-            name,
-            # A step field's value at the last step (NaN included: it is the news), else the series' last.
-            latest(state.last_step, key, series) if key is not None else series.current,
-            Chart((Line.of(series, role, markers),), window, log or log_y, unit, span, smooth),
-        )
-        for name, series, role, key, log, unit, markers in named
-        if matches(name, pattern)
-    )
-    return MetricsView(cells, len(named), pattern, page)
+    cells = []
+    for n in named:
+        if not matches(n.name, pattern):
+            continue
+        lines = [Line.of(n.series, n.role, n.role == "eval")]
+        if n.name in other:
+            lines.append(Line.of(other[n.name], "compare", n.role == "eval"))
+        # A step field's value at the last step (NaN included: it is the news), else the series' last.
+        value = latest(state.last_step, n.key, n.series) if n.key is not None else n.series.current
+        cells.append(MetricCell(n.name, value, Chart(tuple(lines), window, n.log or log_y, n.unit, span, smooth)))
+    return MetricsView(tuple(cells), len(named), pattern, page)

@@ -40,6 +40,7 @@ class MetricsPane(Pane):
         "pane--wait",
         "pane--compute",
         "pane--memory",
+        "pane--compare",
     }
     view: reactive[MetricsView | None] = reactive(None)
 

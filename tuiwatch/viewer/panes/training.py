@@ -23,6 +23,7 @@ class TrainingPane(Pane):
         "pane--grad-title",
         "pane--clipped",
         "pane--critical",
+        "pane--compare",
     }
     view: reactive[TrainingView | None] = reactive(None)
 
@@ -63,7 +64,8 @@ class TrainingPane(Pane):
         ]
         # Narrow: a chosen window (not "all") is worth more than the eval value beside the train loss.
         rank = (0, 2, 1, 3) if v.loss.window is not None else (0, 1, 2, 3)
-        line = fitted(width, train, evaluation, window, tags, rank=rank)
+        compared: list[Piece] = [(f"   {safe(v.compared, 60)}", self.style_of("compare"))] if v.compared else []
+        line = fitted(width, train, evaluation, window, tags, compared, rank=(*rank, 4))
         rows = [line, *self.draw(v.loss, width, loss_h)]
         lr_value = [(number(v.lr_value), self.value_style(v.lr_value))]
         rows.append(fitted(width, [("lr (log) ", self.style_of("lr-title")), *lr_value]))
