@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuiwatch.viewer import DEFAULT_FPS
+from tuiwatch.viewer import THEMES
 
 if TYPE_CHECKING:
     from tuiwatch.viewer.sources import RanksSource
@@ -61,18 +61,35 @@ def _fps(text: str) -> float:
 
 
 def add_fps_option(p: Any) -> None:
+    """--theme and --fps, the viewer's look (both also in the config file, docs/viewer.md)."""
+    p.add_argument(
+        "--theme",
+        choices=list(THEMES),
+        default=None,
+        help="colours: dark (default), light, or ansi (the terminal's own 16 colours, for a poor terminal)",
+    )
     p.add_argument(
         "--fps",
         type=_fps,
-        default=DEFAULT_FPS,
-        help="redraw at most this many times a second, and only when something changed (default 4; 10 is "
-        "snappier and costs a run beside it about 2%%)",
+        default=None,
+        help="redraw at most this many times a second, and only when something changed (default 4, or the "
+        "config file's fps; 10 is snappier and costs a run beside it about 2%%)",
     )
 
 
 def viewer_options(args: argparse.Namespace) -> dict[str, Any]:
-    """What the command line sets of the viewer app (its keyword arguments)."""
-    return {"fps": args.fps, "bell": args.bell, "baseline": baseline_of(args.compare)}
+    """The viewer app's keyword arguments: the command line's flags, else the config file's settings."""
+    from tuiwatch.cli.settings import WINDOWS, load_settings
+
+    settings = load_settings()
+    return {
+        "fps": args.fps if args.fps is not None else settings.fps,
+        "bell": getattr(args, "bell", True) and settings.bell,
+        "theme": getattr(args, "theme", None) or settings.theme,
+        "window": WINDOWS[settings.window],
+        "smoothing": settings.smoothing,
+        "baseline": baseline_of(getattr(args, "compare", None)),
+    }
 
 
 def add_compare_option(p: Any) -> None:

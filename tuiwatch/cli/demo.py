@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuiwatch.cli.attach import add_fps_option
+from tuiwatch.cli.attach import add_fps_option, viewer_options
 from tuiwatch.errors import TuiwatchError
 
 # The scenario names, spelled here so that `demo --help` imports no torch (tuiwatch.demo.faults.FAULTS).
@@ -140,7 +140,8 @@ def _train_and_view(args: argparse.Namespace) -> int:
                     raise TuiwatchError(f"the demo training did not start: {last[-1] if last else 'no output'}")
                 path = next((e.path for e in list_sockets(check_private_dir(socket_dir())) if e.pid == child.pid), None)
                 time.sleep(0.05)  # waiting for another process to create its socket
-            code = TuiwatchApp(SocketSource(path, None), fps=args.fps, quit_does=DEMO_QUIT).run_viewer()
+            viewer = viewer_options(args)
+            code = TuiwatchApp(SocketSource(path, None), quit_does=DEMO_QUIT, **viewer).run_viewer()
         finally:
             if child.poll() is None:
                 os.kill(child.pid, signal.SIGINT)  # the demo ends its ledger with reason "stopped"

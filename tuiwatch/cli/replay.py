@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuiwatch.cli.attach import add_compare_option, add_fps_option, baseline_of
+from tuiwatch.cli.attach import add_compare_option, add_fps_option, viewer_options
 
 if TYPE_CHECKING:
     from tuiwatch.viewer.sources import Source
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from tuiwatch.viewer.app import TuiwatchApp
 
     source = replay_source(args.path, args.follow)
-    return TuiwatchApp(source, fps=args.fps, baseline=baseline_of(args.compare)).run_viewer()
+    return TuiwatchApp(source, **viewer_options(args)).run_viewer()
 
 
 def replay_source(path: str, follow: bool = False) -> Source:

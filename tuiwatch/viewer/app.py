@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from textual.widgets import Footer, Input
 from tuiwatch.analysis.format import safe
 from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.records import Record
-from tuiwatch.viewer import DEFAULT_FPS
+from tuiwatch.viewer import DEFAULT_FPS, SMOOTHING, THEMES
 from tuiwatch.viewer.baseline import Baseline
 from tuiwatch.viewer.messages import (
     RecordsReceived,
@@ -59,7 +60,6 @@ APART_PAUSE = (
     "until the process group's timeout ended the job); press p again"
 )
 COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
-SMOOTHING = (0.0, 0.6, 0.9, 0.99)  # e cycles the moving average's weight through these (0: off), as TensorBoard's
 # A critical alert rings the terminal bell when it is newer than this as it arrives: the alerts a viewer
 # attaching late is sent from the run's history are not news.
 BELL_RECENT_S = 30.0
@@ -84,6 +84,7 @@ class TuiwatchApp(App[None]):
         Binding("m", "metrics", "metrics", show=False),
         Binding("e", "smooth", "smoothing", show=False),
         Binding("y", "log_y", "log scale", show=False),
+        Binding("x", "save_screen", "screenshot", show=False),
         Binding("slash", "filter", "filter", show=False),
         Binding("right_square_bracket,pagedown", "page(1)", "next page", show=False),
         Binding("left_square_bracket,pageup", "page(-1)", "previous page", show=False),
@@ -98,8 +99,12 @@ class TuiwatchApp(App[None]):
         quit_does: str = QUIT,
         bell: bool = True,
         baseline: Baseline | None = None,
+        theme: str = "dark",
+        window: int | None = None,
+        smoothing: float = 0.0,
     ):
         super().__init__()
+        self.theme_name = theme  # dark, light or ansi (THEMES), set on mount
         self.baseline = baseline  # --compare: another run drawn beside this one
         self.bell_on = bell
         self._rung: set[tuple[object, ...]] = set()  # the critical alerts rung for, across reconnects
@@ -109,7 +114,7 @@ class TuiwatchApp(App[None]):
         self.refresh_s = 1.0 / fps
         self.loading: int | None = None  # a replay's ledger still being read: percent
         self.state = RunState()
-        self.window_index = 0
+        self.window_index = WINDOWS.index(window) if window in WINDOWS else 0
         self._dirty = True
         self._last_draw = 0.0
         self._new_connection = False
@@ -129,7 +134,7 @@ class TuiwatchApp(App[None]):
         self._metrics_count = 0
         self._pattern_before = ""  # the filter before / was pressed: what escape gives back
         # e and y: the moving average drawn over the loss (and the metrics view's lines), a log value axis.
-        self.smoothing_index = 0
+        self.smoothing_index = SMOOTHING.index(smoothing) if smoothing in SMOOTHING else 0
         self.log_y = False
 
     def run_viewer(self) -> int:
@@ -163,6 +168,7 @@ class TuiwatchApp(App[None]):
         body.set_class(self.ranks is not None and self.size.height < MEMORY_WITH_RANKS_ROWS, "no-memory")
 
     def on_mount(self) -> None:
+        self.theme = THEMES.get(self.theme_name, THEMES["dark"])
         self._fit_layout()
         self.query_one(TrainingPane).focus()
         self._ticker = self.set_interval(self.refresh_s, self.redraw)
@@ -432,6 +438,23 @@ class TuiwatchApp(App[None]):
         self.log_y = not self.log_y
         self.notify(f"loss (and metrics) value axis: {'log' if self.log_y else 'linear'}", timeout=1.5, markup=False)
         self.redraw(force=True)
+
+    def action_save_screen(self) -> None:
+        """x: the screen as an SVG, in the run directory where this host has it, else in the current directory."""
+        run_dir = str(self.state.run.get("run_dir") or "")
+        where = Path(run_dir) if run_dir and os.path.isdir(run_dir) and os.access(run_dir, os.W_OK) else Path.cwd()
+        step = "-" if self.state.step is None else self.state.step
+        name = f"screen-step{step}.svg"
+        for n in itertools.count(2):
+            if not (where / name).exists():
+                break
+            name = f"screen-step{step}-{n}.svg"
+        try:
+            path = self.save_screenshot(name, str(where))
+        except OSError as exc:
+            self.notify(safe(f"screenshot not saved: {exc}"), severity="error", markup=False)
+            return
+        self.notify(safe(f"screenshot: {path}"), timeout=6, markup=False)
 
     def action_fullscreen(self) -> None:
         if self.screen.maximized is not None:

@@ -17,6 +17,7 @@ s   stop the run (asks first)
 w   chart window: all steps / last 1,000 / last 100
 f   full-screen the focused pane (f again to go back)
 i   the run: how it was started and watched, and its machine now
+x   save the screen as an SVG (in the run directory when it is on this host)
 e   moving average over the loss: off / 0.6 / 0.9 / 0.99     y  log value axis
 m   every metric as a grid of charts (m again: back)
       /  filter them by name (glob or regex)   [ ]  page
