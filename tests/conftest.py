@@ -15,6 +15,12 @@ from .ssh_helpers import Sshd, TwoHosts, ssh_command, start_sshd
 
 
 @pytest.fixture(autouse=True)
+def no_user_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The viewer's config file of whoever runs the tests (a light theme, fps 10) is not the tests' own."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+
+
+@pytest.fixture(autouse=True)
 def no_training_left_behind() -> Iterator[None]:
     """A test that fails midway must not leave a (possibly paused) training process running."""
     yield
