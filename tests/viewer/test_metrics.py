@@ -172,3 +172,26 @@ async def test_e_cycles_the_moving_average_and_y_the_log_axis_of_the_loss_and_th
         assert {c.chart.smooth for c in metrics.cells} == {0.0}
         assert [c.name for c in metrics.cells if c.chart.log] == ["lr", "grad_norm", "update_norm", "update/param"]
         assert app.notes[:2] == ["smoothing: moving average, weight 0.6", "smoothing: moving average, weight 0.9"]
+
+
+async def test_o_leaves_the_outliers_off_the_loss_and_metrics_ranges():
+    app = RecordingApp(FileSource(LEDGERS / "alerts.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "failed"))
+        training = app.query_one(TrainingPane)
+        await pilot.press("o")
+        await drawn(pilot)
+        assert training.view is not None
+        assert training.view.loss.clip == 0.01
+        assert training.view.lr.clip == 0.0
+        assert plain(training).splitlines()[0].endswith("all steps  clip")
+        await pilot.press("m")
+        await drawn(pilot)
+        metrics = app.query_one(MetricsPane).view
+        assert metrics is not None
+        assert {c.chart.clip for c in metrics.cells} == {0.01}
+        await pilot.press("o")
+        await drawn(pilot)
+        metrics = app.query_one(MetricsPane).view
+        assert metrics is not None
+        assert {c.chart.clip for c in metrics.cells} == {0.0}

@@ -222,3 +222,17 @@ def test_a_smoothed_noisy_line_is_drawn_through_the_middle_over_its_faint_raw_po
     assert owners[0] == {faint}  # the top and bottom rows: the raw points' alone
     assert owners[7] == {faint}
     assert {r for r, styles in owners.items() if line in styles} in ({3}, {4}, {3, 4})  # 0.5: the middle rows
+
+
+def test_one_spike_left_off_the_range_is_marked_where_it_is_and_the_rest_keeps_its_height():
+    series = Series()
+    for step in range(200):
+        series.add(step, 100.0 if step == 150 else 1.0 + (step % 10) / 10)  # 1.0 .. 1.9, and one spike
+    whole = chart([Trace(series, Style())], 48, 6, None)
+    assert whole[0].plain.startswith("    100┤")  # the spike sets the top: the rest is a flat line at the bottom
+    clipped = [row.plain for row in chart([Trace(series, Style())], 48, 6, None, clip=0.01)]
+    assert clipped[0].startswith("    1.9┤")
+    assert clipped[0].count("↑") == 1
+    spike_cell = round(150 / 199 * (40 * 2 - 1)) >> 1  # the spike's dot column, halved: its cell
+    assert clipped[0][LABEL_WIDTH + spike_cell] == "↑"
+    assert "↓" not in "".join(clipped)

@@ -60,6 +60,7 @@ APART_PAUSE = (
     "until the process group's timeout ended the job); press p again"
 )
 COMMAND_ACTIONS = ("checkpoint", "dump", "pause", "stop")
+CLIP = 0.01  # o: the fraction of a chart's highest and of its lowest values left off its value range
 # A critical alert rings the terminal bell when it is newer than this as it arrives: the alerts a viewer
 # attaching late is sent from the run's history are not news.
 BELL_RECENT_S = 30.0
@@ -84,6 +85,7 @@ class TuiwatchApp(App[None]):
         Binding("m", "metrics", "metrics", show=False),
         Binding("e", "smooth", "smoothing", show=False),
         Binding("y", "log_y", "log scale", show=False),
+        Binding("o", "outliers", "outliers", show=False),
         Binding("x", "save_screen", "screenshot", show=False),
         Binding("slash", "filter", "filter", show=False),
         Binding("right_square_bracket,pagedown", "page(1)", "next page", show=False),
@@ -136,6 +138,7 @@ class TuiwatchApp(App[None]):
         # e and y: the moving average drawn over the loss (and the metrics view's lines), a log value axis.
         self.smoothing_index = SMOOTHING.index(smoothing) if smoothing in SMOOTHING else 0
         self.log_y = False
+        self.clip = False  # o: the loss's (and the metrics') highest and lowest 1% left off the value range
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""
@@ -335,6 +338,7 @@ class TuiwatchApp(App[None]):
             smooth=SMOOTHING[self.smoothing_index],
             log_y=self.log_y,
             baseline=self.baseline,
+            clip=CLIP if self.clip else 0.0,
         )
         header.view = views.header
         self.query_one(TrainingPane).view = views.training
@@ -352,6 +356,7 @@ class TuiwatchApp(App[None]):
                 SMOOTHING[self.smoothing_index],
                 self.log_y,
                 self.baseline.state if self.baseline is not None else None,
+                CLIP if self.clip else 0.0,
             )
             self._metrics_count = len(metrics.cells)
             self.query_one(MetricsPane).view = metrics
@@ -437,6 +442,14 @@ class TuiwatchApp(App[None]):
     def action_log_y(self) -> None:
         self.log_y = not self.log_y
         self.notify(f"loss (and metrics) value axis: {'log' if self.log_y else 'linear'}", timeout=1.5, markup=False)
+        self.redraw(force=True)
+
+    def action_outliers(self) -> None:
+        self.clip = not self.clip
+        said = (
+            f"value range: the top and bottom {CLIP:.0%} left off (↑ ↓ mark them)" if self.clip else "value range: all"
+        )
+        self.notify(said, timeout=1.5, markup=False)
         self.redraw(force=True)
 
     def action_save_screen(self) -> None:

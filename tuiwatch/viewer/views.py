@@ -47,6 +47,7 @@ class Chart:
     unit: str = ""  # of the values: "" (a number), "s" (seconds), "B" (bytes)
     span: tuple[int, int] | None = None  # the step axis, where charts share one (the metrics view)
     smooth: float = 0.0  # the weight of the moving average drawn over the lines (e), 0: none
+    clip: float = 0.0  # the fraction of highest and lowest values left off the value range (o), 0: none
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,7 @@ def build_views(
     smooth: float = 0.0,
     log_y: bool = False,
     baseline: Baseline | None = None,
+    clip: float = 0.0,
 ) -> Views:
     header = header_view(state, now, mode, loading)
     if ranks is not None:
@@ -265,7 +267,7 @@ def build_views(
         header = dataclasses.replace(header, ranks=of)
     return Views(
         header,
-        training_view(state, window, smooth, log_y, baseline),
+        training_view(state, window, smooth, log_y, baseline, clip),
         timing_view(state, window),
         memory_view(state, window),
         AlertsView(tuple(state.alerts)),
@@ -368,6 +370,7 @@ def training_view(
     smooth: float = 0.0,
     log_y: bool = False,
     baseline: Baseline | None = None,
+    clip: float = 0.0,
 ) -> TrainingView:
     """``smooth`` and ``log_y`` (keys ``e`` and ``y``) are for the loss chart: lr and grad norm are drawn in
     log already, and one step's norm is the news, not its average. ``baseline`` (``--compare``): the other
@@ -397,7 +400,7 @@ def training_view(
         train_value=latest(step, train, state.metrics[train]) if train is not None else None,
         eval_name=evaluation,
         eval_value=state.eval_metrics[evaluation].current if evaluation is not None else None,
-        loss=Chart(tuple(loss_lines), window, log=log_y, smooth=smooth),
+        loss=Chart(tuple(loss_lines), window, log=log_y, smooth=smooth, clip=clip),
         lr_value=lr_value,
         lr=Chart(tuple(lr_lines), window, log=True),
         # The norm and the clipped flag of one step: a step without a norm shows none, not an older one's.
@@ -531,6 +534,7 @@ def metrics_view(
     smooth: float = 0.0,
     log_y: bool = False,
     baseline: RunState | None = None,
+    clip: float = 0.0,
 ) -> MetricsView:
     """Every numeric series the run has, a chart each (:func:`named_series`); with ``baseline`` (``--compare``),
     that run's series of the same name drawn in the same chart.
@@ -558,5 +562,6 @@ def metrics_view(
             lines.append(Line.of(other[n.name], "compare", n.role == "eval"))
         # A step field's value at the last step (NaN included: it is the news), else the series' last.
         value = latest(state.last_step, n.key, n.series) if n.key is not None else n.series.current
-        cells.append(MetricCell(n.name, value, Chart(tuple(lines), window, n.log or log_y, n.unit, span, smooth)))
+        chart = Chart(tuple(lines), window, n.log or log_y, n.unit, span, smooth, clip)
+        cells.append(MetricCell(n.name, value, chart))
     return MetricsView(tuple(cells), len(named), pattern, page)

@@ -57,10 +57,11 @@ class TrainingPane(Pane):
         if used + len(label) > width:
             label = f"  {window_label(v.loss.window, short=True)}"  # "last 1k": the window still shows
         window = [(label, dim)]
-        # e and y: said beside the window, left out first where the line is short.
+        # e, y and o: said beside the window, left out first where the line is short.
         tags: list[Piece] = [
             (f"  ema {v.loss.smooth:g}" if v.loss.smooth else "", dim),
             ("  log" if v.loss.log else "", dim),
+            ("  clip" if v.loss.clip else "", dim),
         ]
         # Narrow: a chosen window (not "all") is worth more than the eval value beside the train loss.
         rank = (0, 2, 1, 3) if v.loss.window is not None else (0, 1, 2, 3)

@@ -73,11 +73,19 @@ def min_span(unit: str, top: float) -> float:
     return max(MIB, 0.05 * abs(top)) if unit == "B" else 0.0
 
 
-def bounds(series: Sequence[Sequence[Column]], log: bool, unit: str = "") -> tuple[float, float] | None:
+def bounds(
+    series: Sequence[Sequence[Column]], log: bool, unit: str = "", clip: float = 0.0
+) -> tuple[float, float] | None:
+    """The value range drawn: every column's lows and highs, or with ``clip`` > 0 all but that fraction of the
+    highest and of the lowest (one spike then does not flatten the rest; :func:`chart` marks what is off)."""
     values = [v for cols in series for c in cols for v in (_scale(c.lo, log), _scale(c.hi, log)) if v is not None]
     if not values:
         return None
     lo, hi = min(values), max(values)
+    cut = int(len(values) * clip)
+    if cut:
+        ordered = sorted(values)
+        lo, hi = ordered[cut], ordered[-1 - cut]
     span = 0.0 if log else min_span(unit, hi)
     if hi - lo < span:
         lo = max(0.0, (lo + hi - span) / 2) if lo >= 0 else (lo + hi - span) / 2
@@ -95,6 +103,7 @@ def plot(
     log: bool = False,
     markers: Sequence[bool] = (),
     unit: str = "",
+    clip: float = 0.0,
 ) -> Plot | None:
     """Draw each trace's columns (x in dots, ``0 .. 2 * width - 1``) into ``width``×``height`` cells.
 
@@ -104,7 +113,7 @@ def plot(
     """
     if width < 1 or height < 1:
         return None
-    b = bounds(series, log, unit)
+    b = bounds(series, log, unit, clip)
     if b is None:
         return None
     lo, hi = b
@@ -172,6 +181,18 @@ def plot(
     flat_y = y_dot(next(iter(values))) if len(values) == 1 else None
     flat = (next(iter(values)), flat_y // 4) if flat_y is not None else None
     return Plot(rows, lo, hi, log, flat)
+
+
+def _mark_clipped(p: Plot, columns: Sequence[Sequence[Column]], log: bool) -> None:
+    """An arrow in the top row over a column with a value above the range, in the bottom row under one below."""
+    top, bottom = p.rows[0], p.rows[-1]
+    for k, cols in enumerate(columns):
+        for c in cols:
+            hi, lo = _scale(c.hi, log), _scale(c.lo, log)
+            if hi is not None and hi > p.hi:
+                top[c.x >> 1] = ("↑", k)
+            if lo is not None and lo < p.lo:
+                bottom[c.x >> 1] = ("↓", k)
 
 
 def axis_labels(p: Plot, height: int, unit: str = "") -> list[str]:
@@ -245,6 +266,7 @@ def chart(
     log: bool = False,
     unit: str = "",
     span: tuple[int, int] | None = None,
+    clip: float = 0.0,
 ) -> list[Text]:
     """A chart as ``height`` rows of styled text: value labels on the left, the step axis on the last row.
 
@@ -252,7 +274,10 @@ def chart(
     trace is placed on the chart's one step axis, two columns of dots per
     cell of the ``width``; ``span`` (first, last step) sets that axis where
     several charts share one (the metrics view), else the traces' own steps do.
-    ``unit`` ("", "s", "B") formats the value labels.
+    ``unit`` ("", "s", "B") formats the value labels. ``clip`` > 0 leaves
+    that fraction of the highest and the lowest values off the value range
+    (:func:`bounds`); a cell with a value above the chart says ``↑`` in its
+    top row, one below it ``↓`` in its bottom row.
     """
     if height < 1 or width <= LABEL_WIDTH + 2:
         return []
@@ -271,7 +296,9 @@ def chart(
                 columns.append(smoothed(columns[k], t.smooth))
                 markers.append(False)
                 styles.append(t.style)
-        p = plot(columns, cells, plot_h, log, markers, unit)
+        p = plot(columns, cells, plot_h, log, markers, unit, clip)
+        if p is not None and clip > 0:
+            _mark_clipped(p, columns, log)
     if steps is None or p is None:
         empty = "(no positive values)" if log and any(t.series.count for t in traces) else "(no data yet)"
         said = next(t for t in (" " * LABEL_WIDTH + empty, empty, "no data", "-") if len(t) <= width)

@@ -19,6 +19,7 @@ f   full-screen the focused pane (f again to go back)
 i   the run: how it was started and watched, and its machine now
 x   save the screen as an SVG (in the run directory when it is on this host)
 e   moving average over the loss: off / 0.6 / 0.9 / 0.99     y  log value axis
+o   leave the top and bottom 1% off the loss's value range (↑ ↓ mark them)
 m   every metric as a grid of charts (m again: back)
       /  filter them by name (glob or regex)   [ ]  page
 tab focus the next pane; in alerts: ↑ ↓ select, 1 2 3 criticals / warnings / all,
