@@ -47,7 +47,7 @@ from tuiwatch.viewer.screens.help import QUIT, HelpScreen
 from tuiwatch.viewer.screens.run_info import RunInfoScreen
 from tuiwatch.viewer.sources import RanksSource, Source
 from tuiwatch.viewer.state import ENDED, RunState, describe_action
-from tuiwatch.viewer.views import build_views, metrics_view
+from tuiwatch.viewer.views import build_views, metrics_view, step_extent, zoom_span
 from tuiwatch.viewer.widgets import FilterInput
 
 COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiwatch.tcss)
@@ -86,6 +86,11 @@ class TuiwatchApp(App[None]):
         Binding("e", "smooth", "smoothing", show=False),
         Binding("y", "log_y", "log scale", show=False),
         Binding("o", "outliers", "outliers", show=False),
+        Binding("plus,equals_sign", "zoom(0.5)", "zoom in", show=False),
+        Binding("minus", "zoom(2)", "zoom out", show=False),
+        Binding("left", "pan(-0.25)", "earlier steps", show=False),
+        Binding("right", "pan(0.25)", "later steps", show=False),
+        Binding("0", "unzoom", "all", show=False),
         Binding("x", "save_screen", "screenshot", show=False),
         Binding("slash", "filter", "filter", show=False),
         Binding("right_square_bracket,pagedown", "page(1)", "next page", show=False),
@@ -139,6 +144,7 @@ class TuiwatchApp(App[None]):
         self.smoothing_index = SMOOTHING.index(smoothing) if smoothing in SMOOTHING else 0
         self.log_y = False
         self.clip = False  # o: the loss's (and the metrics') highest and lowest 1% left off the value range
+        self.zoom: tuple[int, int] | None = None  # + - ← →: the steps every chart shows (None: follow the window)
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""
@@ -339,6 +345,7 @@ class TuiwatchApp(App[None]):
             log_y=self.log_y,
             baseline=self.baseline,
             clip=CLIP if self.clip else 0.0,
+            zoom=self.zoom,
         )
         header.view = views.header
         self.query_one(TrainingPane).view = views.training
@@ -357,6 +364,7 @@ class TuiwatchApp(App[None]):
                 self.log_y,
                 self.baseline.state if self.baseline is not None else None,
                 CLIP if self.clip else 0.0,
+                self.zoom,
             )
             self._metrics_count = len(metrics.cells)
             self.query_one(MetricsPane).view = metrics
@@ -443,6 +451,36 @@ class TuiwatchApp(App[None]):
         self.log_y = not self.log_y
         self.notify(f"loss (and metrics) value axis: {'log' if self.log_y else 'linear'}", timeout=1.5, markup=False)
         self.redraw(force=True)
+
+    def action_zoom(self, factor: float) -> None:
+        """+ and - (and the mouse wheel): half or twice the steps shown, about their middle."""
+        extent = step_extent(self.state)
+        if extent is None:
+            return
+        window = WINDOWS[self.window_index]
+        shown = self.zoom or (extent if window is None else (max(extent[1] - window + 1, extent[0]), extent[1]))
+        self.zoom = zoom_span(extent, shown, factor)
+        self.redraw(force=True)
+
+    def action_pan(self, shift: float) -> None:
+        """← and →: a quarter of the steps shown earlier or later (zoomed in; the window follows the run)."""
+        extent = step_extent(self.state)
+        if self.zoom is None or extent is None:
+            return
+        self.zoom = zoom_span(extent, self.zoom, 1.0, shift)
+        self.redraw(force=True)
+
+    def action_unzoom(self) -> None:
+        self.zoom = None
+        self.redraw(force=True)
+
+    def on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        if len(self.screen_stack) == 1:  # not under a dialog (which scrolls its own text)
+            self.action_zoom(0.5)
+
+    def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        if len(self.screen_stack) == 1:
+            self.action_zoom(2.0)
 
     def action_outliers(self) -> None:
         self.clip = not self.clip

@@ -23,6 +23,7 @@ from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.state import Alert, RunState
 
 MAX_OTHER_METRICS = 6
+MIN_ZOOM_STEPS = 10  # zooming in stops at this many steps across
 
 
 @dataclass(frozen=True)
@@ -259,13 +260,15 @@ def build_views(
     log_y: bool = False,
     baseline: Baseline | None = None,
     clip: float = 0.0,
+    zoom: tuple[int, int] | None = None,
 ) -> Views:
+    """Every pane's view. ``zoom`` (first, last step: keys + - ← → 0) replaces the window in every chart."""
     header = header_view(state, now, mode, loading)
     if ranks is not None:
         shown = len(ranks.ranks)
         of = f"{shown} ranks" if shown == ranks.world_size else f"{shown} of {ranks.world_size} ranks"
         header = dataclasses.replace(header, ranks=of)
-    return Views(
+    views = Views(
         header,
         training_view(state, window, smooth, log_y, baseline, clip),
         timing_view(state, window),
@@ -273,6 +276,45 @@ def build_views(
         AlertsView(tuple(state.alerts)),
         ranks_view(ranks, now or 0.0, window) if ranks is not None else None,
     )
+    return zoomed(views, zoom) if zoom is not None else views
+
+
+def zoomed(views: Views, span: tuple[int, int]) -> Views:
+    """The views with every chart of the training, timing and memory panes drawn over steps ``span``."""
+
+    def at(c: Chart) -> Chart:
+        return dataclasses.replace(c, span=span)
+
+    t = views.training
+    return dataclasses.replace(
+        views,
+        training=dataclasses.replace(t, loss=at(t.loss), lr=at(t.lr), grad_norm=at(t.grad_norm)),
+        timing=dataclasses.replace(views.timing, chart=at(views.timing.chart)),
+        memory=dataclasses.replace(views.memory, chart=at(views.memory.chart)),
+    )
+
+
+def step_extent(state: RunState) -> tuple[int, int] | None:
+    """The run's first and last step drawn in the training charts: what zooming moves within."""
+    drawn = [state.lr, state.grad_norm, *state.metrics.values()]
+    firsts = [f for s in drawn if (f := s.first_step) is not None]
+    lasts = [e for s in drawn if (e := s.end_step) is not None]
+    return (min(firsts), max(lasts)) if firsts and lasts else None
+
+
+def zoom_span(
+    extent: tuple[int, int], current: tuple[int, int], factor: float, shift: float = 0.0
+) -> tuple[int, int] | None:
+    """``current`` scaled by ``factor`` about its middle and moved by ``shift`` of its width, kept within
+    ``extent`` and at least MIN_ZOOM_STEPS wide; None when it covers the whole extent (back to following)."""
+    first, last = extent
+    width = max((current[1] - current[0]) * factor, MIN_ZOOM_STEPS - 1)
+    middle = (current[0] + current[1]) / 2 + shift * (current[1] - current[0])
+    if width >= (last - first) * 0.99:  # the whole run, give or take the steps halving rounded off
+        return None
+    lo = round(middle - width / 2)
+    lo = min(max(lo, first), last - int(width))
+    return lo, lo + int(width)
 
 
 def ranks_view(ranks: RanksState, now: float, window: int | None = None) -> RanksView:
@@ -535,6 +577,7 @@ def metrics_view(
     log_y: bool = False,
     baseline: RunState | None = None,
     clip: float = 0.0,
+    zoom: tuple[int, int] | None = None,
 ) -> MetricsView:
     """Every numeric series the run has, a chart each (:func:`named_series`); with ``baseline`` (``--compare``),
     that run's series of the same name drawn in the same chart.
@@ -549,8 +592,8 @@ def metrics_view(
     drawn = [n.series for n in named] + [other[n.name] for n in named if n.name in other]
     ends = [e for s in drawn if (e := s.end_step) is not None]
     firsts = [f for s in drawn if (f := s.first_step) is not None]
-    span = None
-    if ends and firsts:
+    span = zoom
+    if span is None and ends and firsts:
         end = max(ends)
         span = (min(firsts) if window is None else max(end - window + 1, min(firsts)), end)
     cells = []

@@ -53,9 +53,13 @@ class TrainingPane(Pane):
                 (number(v.eval_value), self.value_style(v.eval_value)),
             ]
         used = sum(cell_len(part) for part, _ in [*train, *evaluation])
-        label = f"   {window_label(v.loss.window, v.step_unit)}"
+        span = v.loss.span  # zoomed in: the steps shown, in place of the window
+        label = (
+            f"   {window_label(v.loss.window, v.step_unit)}" if span is None else f"   steps {span[0]:,}-{span[1]:,}"
+        )
         if used + len(label) > width:
-            label = f"  {window_label(v.loss.window, short=True)}"  # "last 1k": the window still shows
+            # "last 1k": the window still shows
+            label = f"  {window_label(v.loss.window, short=True)}" if span is None else f"  {span[0]}-{span[1]}"
         window = [(label, dim)]
         # e, y and o: said beside the window, left out first where the line is short.
         tags: list[Piece] = [

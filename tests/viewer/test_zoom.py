@@ -1,0 +1,75 @@
+"""Zoom and pan on the step axis (+ - ← → 0, the mouse wheel): every chart shows the same steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import events
+
+from tuiwatch.viewer.panes.metrics import MetricsPane
+from tuiwatch.viewer.panes.timing import TimingPane
+from tuiwatch.viewer.panes.training import TrainingPane
+from tuiwatch.viewer.sources import FileSource
+from tuiwatch.viewer.views import MIN_ZOOM_STEPS, zoom_span
+
+from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, shown, until
+
+LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
+
+
+def test_zooming_halves_or_doubles_about_the_middle_and_stays_within_the_run():
+    extent = (0, 1000)
+    assert zoom_span(extent, extent, 0.5) == (250, 750)
+    assert zoom_span(extent, (250, 750), 1.0, 0.25) == (375, 875)
+    assert zoom_span(extent, (375, 875), 1.0, 0.5) == (500, 1000)  # at the end: it stops there
+    assert zoom_span(extent, (0, 500), 1.0, -0.25) == (0, 500)
+    assert zoom_span(extent, (250, 750), 2.0) is None  # the whole run again: follow it
+    narrow = zoom_span(extent, (500, 510), 0.5)
+    assert narrow is not None
+    assert narrow[1] - narrow[0] == MIN_ZOOM_STEPS - 1
+
+
+async def test_plus_zooms_every_chart_in_arrows_pan_and_zero_follows_the_run_again():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "finished"))
+        await pilot.press("plus")
+        await drawn(pilot)
+        assert app.zoom == (37, 111)  # steps 0-149: the middle half
+        training = app.query_one(TrainingPane)
+        lines = plain(training).splitlines()
+        assert "steps 37-111" in lines[0]
+        axis = next(line for line in lines if line.strip().startswith("37"))
+        assert axis.split()[0] == "37"
+        assert axis.split()[-1] == "111"
+        timing = app.query_one(TimingPane).view
+        assert timing is not None
+        assert timing.chart.span == (37, 111)
+        await pilot.press("right")
+        await drawn(pilot)
+        assert app.zoom is not None
+        assert app.zoom[1] - app.zoom[0] == 74
+        assert app.zoom[0] > 37
+        await pilot.press("m")
+        await drawn(pilot)
+        metrics = app.query_one(MetricsPane).view
+        assert metrics is not None
+        assert {c.chart.span for c in metrics.cells} == {app.zoom}
+        await pilot.press("m", "0")
+        await drawn(pilot)
+        assert app.zoom is None
+        assert "all steps" in plain(training).splitlines()[0]
+        await pilot.press("minus")  # already the whole run
+        assert app.zoom is None
+
+
+async def test_the_mouse_wheel_over_a_chart_zooms_in_and_out():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "finished"))
+        training = app.query_one(TrainingPane)
+        # The terminal's wheel events, as the driver posts them to the widget under the mouse.
+        training.post_message(events.MouseScrollUp(training, 10, 5, 0, -1, 0, False, False, False))
+        await until(pilot, lambda: app.zoom == (37, 111), what="the wheel to zoom in")
+        training.post_message(events.MouseScrollDown(training, 10, 5, 0, 1, 0, False, False, False))
+        await until(pilot, lambda: app.zoom is None, what="the wheel to zoom out")
