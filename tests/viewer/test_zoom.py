@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from rich.console import Group
+from rich.text import Text
 from textual import events
 
 from tuiwatch.viewer.panes.metrics import MetricsPane
@@ -73,3 +76,44 @@ async def test_the_mouse_wheel_over_a_chart_zooms_in_and_out():
         await until(pilot, lambda: app.zoom == (37, 111), what="the wheel to zoom in")
         training.post_message(events.MouseScrollDown(training, 10, 5, 0, 1, 0, False, False, False))
         await until(pilot, lambda: app.zoom is None, what="the wheel to zoom out")
+
+
+async def test_the_cursor_reads_every_chart_at_one_step_and_is_drawn_there():
+    records = [json.loads(line) for line in (LEDGERS / "healthy.jsonl").read_text().splitlines()]
+    loss = {r["step"]: r["loss"] for r in records if r["kind"] == "step"}
+    evals = {r["step"]: r["val_loss"] for r in records if r["kind"] == "eval"}
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "finished"))
+        await pilot.press("full_stop")
+        await drawn(pilot)
+        assert app.cursor == 74  # the middle of steps 0-149
+        training = app.query_one(TrainingPane)
+        view = training.view
+        assert view is not None
+        assert (view.at_step, view.train_value) == (74, loss[74])
+        assert view.eval_value == evals[max(s for s in evals if s <= 74)]
+        rendered = training.render()
+        assert isinstance(rendered, Group)
+        rows = [r for r in rendered.renderables if isinstance(r, Text)]
+        assert rows[0].plain.startswith("@ step 74  loss ")
+        # The loss chart's rows: the cursor's column in reverse video, the same column in each.
+        marked = {
+            span.start
+            for row in rows[1:6]
+            for span in row.spans
+            if span.style == "reverse" and span.end - span.start == 1
+        }
+        assert len(marked) == 1
+        await pilot.press("right")
+        await drawn(pilot)
+        assert app.cursor == 76  # a sixtieth of 149 steps: 2
+        await pilot.press("m")
+        await drawn(pilot)
+        metrics = app.query_one(MetricsPane).view
+        assert metrics is not None
+        values = {c.name: c.value for c in metrics.cells}
+        assert values["loss"] == loss[76]
+        assert values["eval val_loss"] == evals[max(s for s in evals if s <= 76)]
+        await pilot.press("m", "full_stop")
+        assert app.cursor is None

@@ -91,6 +91,7 @@ class TuiwatchApp(App[None]):
         Binding("left", "pan(-0.25)", "earlier steps", show=False),
         Binding("right", "pan(0.25)", "later steps", show=False),
         Binding("0", "unzoom", "all", show=False),
+        Binding("full_stop", "cursor", "cursor", show=False),
         Binding("x", "save_screen", "screenshot", show=False),
         Binding("slash", "filter", "filter", show=False),
         Binding("right_square_bracket,pagedown", "page(1)", "next page", show=False),
@@ -145,6 +146,7 @@ class TuiwatchApp(App[None]):
         self.log_y = False
         self.clip = False  # o: the loss's (and the metrics') highest and lowest 1% left off the value range
         self.zoom: tuple[int, int] | None = None  # + - ← →: the steps every chart shows (None: follow the window)
+        self.cursor: int | None = None  # .: the step whose values every chart shows (← → move it)
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""
@@ -346,6 +348,7 @@ class TuiwatchApp(App[None]):
             baseline=self.baseline,
             clip=CLIP if self.clip else 0.0,
             zoom=self.zoom,
+            cursor=self.cursor,
         )
         header.view = views.header
         self.query_one(TrainingPane).view = views.training
@@ -365,6 +368,7 @@ class TuiwatchApp(App[None]):
                 self.baseline.state if self.baseline is not None else None,
                 CLIP if self.clip else 0.0,
                 self.zoom,
+                self.cursor,
             )
             self._metrics_count = len(metrics.cells)
             self.query_one(MetricsPane).view = metrics
@@ -457,15 +461,37 @@ class TuiwatchApp(App[None]):
         extent = step_extent(self.state)
         if extent is None:
             return
+        self.zoom = zoom_span(extent, self._shown(extent), factor)
+        self.redraw(force=True)
+
+    def _shown(self, extent: tuple[int, int]) -> tuple[int, int]:
+        """The steps the charts show: the zoom, else the window's last steps of the run."""
         window = WINDOWS[self.window_index]
-        shown = self.zoom or (extent if window is None else (max(extent[1] - window + 1, extent[0]), extent[1]))
-        self.zoom = zoom_span(extent, shown, factor)
+        return self.zoom or (extent if window is None else (max(extent[1] - window + 1, extent[0]), extent[1]))
+
+    def action_cursor(self) -> None:
+        """.: a cursor in the middle of the steps shown, or none; ← → then move it."""
+        extent = step_extent(self.state)
+        if self.cursor is not None or extent is None:
+            self.cursor = None
+        else:
+            first, last = self._shown(extent)
+            self.cursor = (first + last) // 2
         self.redraw(force=True)
 
     def action_pan(self, shift: float) -> None:
-        """← and →: a quarter of the steps shown earlier or later (zoomed in; the window follows the run)."""
+        """← and →: a quarter of the steps shown earlier or later (zoomed in; the window follows the run); with
+        the cursor, the cursor by about a column of the charts (a sixtieth of the steps shown)."""
         extent = step_extent(self.state)
-        if self.zoom is None or extent is None:
+        if extent is None:
+            return
+        if self.cursor is not None:
+            first, last = self._shown(extent)
+            move = max(1, (last - first) // 60)
+            self.cursor = min(max(self.cursor + (move if shift > 0 else -move), first), last)
+            self.redraw(force=True)
+            return
+        if self.zoom is None:
             return
         self.zoom = zoom_span(extent, self.zoom, 1.0, shift)
         self.redraw(force=True)

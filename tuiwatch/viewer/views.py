@@ -49,6 +49,7 @@ class Chart:
     span: tuple[int, int] | None = None  # the step axis, where charts share one (the metrics view)
     smooth: float = 0.0  # the weight of the moving average drawn over the lines (e), 0: none
     clip: float = 0.0  # the fraction of highest and lowest values left off the value range (o), 0: none
+    cursor: int | None = None  # the step the cursor is at (.), drawn as its column
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ class TrainingView:
     others: tuple[tuple[str, float | None], ...]  # further user metrics and their current values
     step_unit: str = "steps"  # what the x axis counts: "optimizer steps" when micro-batches fold
     compared: str | None = None  # --compare: "vs NAME: parts at step 120 (loss)"
+    at_step: int | None = None  # the cursor's step: the values are that step's (the record the cursor snaps to)
 
 
 @dataclass(frozen=True)
@@ -261,8 +263,10 @@ def build_views(
     baseline: Baseline | None = None,
     clip: float = 0.0,
     zoom: tuple[int, int] | None = None,
+    cursor: int | None = None,
 ) -> Views:
-    """Every pane's view. ``zoom`` (first, last step: keys + - ← → 0) replaces the window in every chart."""
+    """Every pane's view. ``zoom`` (first, last step: keys + - ← → 0) replaces the window in every chart;
+    ``cursor`` (a step: key .) is drawn in every chart and the training values are read there."""
     header = header_view(state, now, mode, loading)
     if ranks is not None:
         shown = len(ranks.ranks)
@@ -270,20 +274,21 @@ def build_views(
         header = dataclasses.replace(header, ranks=of)
     views = Views(
         header,
-        training_view(state, window, smooth, log_y, baseline, clip),
+        training_view(state, window, smooth, log_y, baseline, clip, cursor),
         timing_view(state, window),
         memory_view(state, window),
         AlertsView(tuple(state.alerts)),
         ranks_view(ranks, now or 0.0, window) if ranks is not None else None,
     )
-    return zoomed(views, zoom) if zoom is not None else views
+    return zoomed(views, zoom, cursor) if zoom is not None or cursor is not None else views
 
 
-def zoomed(views: Views, span: tuple[int, int]) -> Views:
-    """The views with every chart of the training, timing and memory panes drawn over steps ``span``."""
+def zoomed(views: Views, span: tuple[int, int] | None, cursor: int | None = None) -> Views:
+    """The views with every chart of the training, timing and memory panes drawn over steps ``span`` (None:
+    their window), with the cursor at step ``cursor``."""
 
     def at(c: Chart) -> Chart:
-        return dataclasses.replace(c, span=span)
+        return dataclasses.replace(c, span=span if span is not None else c.span, cursor=cursor)
 
     t = views.training
     return dataclasses.replace(
@@ -413,6 +418,7 @@ def training_view(
     log_y: bool = False,
     baseline: Baseline | None = None,
     clip: float = 0.0,
+    cursor: int | None = None,
 ) -> TrainingView:
     """``smooth`` and ``log_y`` (keys ``e`` and ``y``) are for the loss chart: lr and grad norm are drawn in
     log already, and one step's norm is the news, not its average. ``baseline`` (``--compare``): the other
@@ -437,7 +443,7 @@ def training_view(
         lr_lines.append(Line.of(b.lr, "compare"))
         grad_lines.append(Line.of(b.grad_norm, "compare"))
         compared = f"vs {baseline.label}: {baseline.parting.said()}"
-    return TrainingView(
+    view = TrainingView(
         train_name=train,
         train_value=latest(step, train, state.metrics[train]) if train is not None else None,
         eval_name=evaluation,
@@ -452,6 +458,28 @@ def training_view(
         others=tuple((n, state.metrics[n].current) for n in others),
         step_unit="optimizer steps" if state.run.get("step_per") == "optimizer" else "steps",
         compared=compared,
+    )
+    return view if cursor is None else at_cursor(view, state, cursor)
+
+
+def at_cursor(view: TrainingView, state: RunState, cursor: int) -> TrainingView:
+    """The training view's values read at the cursor: each series' record at or before it."""
+
+    def value(series: Series) -> float | None:
+        point = series.at(cursor)
+        return None if point is None else point[1]
+
+    train = state.metrics.get(view.train_name) if view.train_name is not None else None
+    point = train.at(cursor) if train is not None else state.grad_norm.at(cursor)
+    evaluation = state.eval_metrics.get(view.eval_name) if view.eval_name is not None else None
+    return dataclasses.replace(
+        view,
+        train_value=None if point is None or train is None else point[1],
+        eval_value=value(evaluation) if evaluation is not None else None,
+        lr_value=value(state.lr),
+        grad_norm_value=value(state.grad_norm),
+        grad_norm_clipped=False,
+        at_step=cursor if point is None else point[0],
     )
 
 
@@ -578,6 +606,7 @@ def metrics_view(
     baseline: RunState | None = None,
     clip: float = 0.0,
     zoom: tuple[int, int] | None = None,
+    cursor: int | None = None,
 ) -> MetricsView:
     """Every numeric series the run has, a chart each (:func:`named_series`); with ``baseline`` (``--compare``),
     that run's series of the same name drawn in the same chart.
@@ -603,8 +632,12 @@ def metrics_view(
         lines = [Line.of(n.series, n.role, n.role == "eval")]
         if n.name in other:
             lines.append(Line.of(other[n.name], "compare", n.role == "eval"))
-        # A step field's value at the last step (NaN included: it is the news), else the series' last.
+        # A step field's value at the last step (NaN included: it is the news), else the series' last; with the
+        # cursor, the record it snaps to.
         value = latest(state.last_step, n.key, n.series) if n.key is not None else n.series.current
-        chart = Chart(tuple(lines), window, n.log or log_y, n.unit, span, smooth, clip)
+        if cursor is not None:
+            point = n.series.at(cursor)
+            value = None if point is None else point[1]
+        chart = Chart(tuple(lines), window, n.log or log_y, n.unit, span, smooth, clip, cursor)
         cells.append(MetricCell(n.name, value, chart))
     return MetricsView(tuple(cells), len(named), pattern, page)

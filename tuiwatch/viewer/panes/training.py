@@ -46,6 +46,8 @@ class TrainingPane(Pane):
             ]
         else:
             train = [("loss -", dim)]
+        if v.at_step is not None:
+            train = [(f"@ step {v.at_step:,}  ", "reverse"), *train]  # the cursor's record: every value below is its
         evaluation: list[Piece] = []
         if v.eval_name is not None:
             evaluation = [

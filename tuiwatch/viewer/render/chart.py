@@ -267,6 +267,7 @@ def chart(
     unit: str = "",
     span: tuple[int, int] | None = None,
     clip: float = 0.0,
+    cursor: int | None = None,
 ) -> list[Text]:
     """A chart as ``height`` rows of styled text: value labels on the left, the step axis on the last row.
 
@@ -277,7 +278,8 @@ def chart(
     ``unit`` ("", "s", "B") formats the value labels. ``clip`` > 0 leaves
     that fraction of the highest and the lowest values off the value range
     (:func:`bounds`); a cell with a value above the chart says ``↑`` in its
-    top row, one below it ``↓`` in its bottom row.
+    top row, one below it ``↓`` in its bottom row. ``cursor`` (a step) is
+    drawn as its column in reverse video.
     """
     if height < 1 or width <= LABEL_WIDTH + 2:
         return []
@@ -303,6 +305,10 @@ def chart(
         empty = "(no positive values)" if log and any(t.series.count for t in traces) else "(no data yet)"
         said = next(t for t in (" " * LABEL_WIDTH + empty, empty, "no data", "-") if len(t) <= width)
         return [Text(said, style="dim", no_wrap=True)] + [Text("")] * (height - 1)
+    at = None  # the cursor's cell
+    if cursor is not None and steps[0] <= cursor <= steps[1]:
+        scale = (cells * 2 - 1) / (steps[1] - steps[0]) if steps[1] > steps[0] else 0.0
+        at = int((cursor - steps[0]) * scale + 0.5) >> 1
     rows = []
     for label, row in zip(axis_labels(p, plot_h, unit), p.rows, strict=True):
         # The label is dim; the line keeps its own colour (a dim base style would dim it too).
@@ -318,6 +324,8 @@ def chart(
                 owner = cell_owner  # blanks before it take its style: they draw nothing
             run.append(ch)
         text.append("".join(run), style=styles[owner] if owner >= 0 else "")
+        if at is not None:
+            text.stylize("reverse", LABEL_WIDTH + at, LABEL_WIDTH + at + 1)
         rows.append(text)
     if plot_h < height:
         axis = step_axis(steps[0], steps[1], cells)

@@ -8,6 +8,7 @@ cost depends on the number of buckets, never on the number of steps.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -91,6 +92,19 @@ class Series:
     def end_step(self) -> int | None:
         """The step of the last point drawn (a non-finite one later is not drawn)."""
         return self.recent[-1][0] if self.recent else None
+
+    def at(self, step: int) -> tuple[int, float] | None:
+        """The point a cursor at ``step`` reads, a record's own step and value: the last one kept at or before it
+        (every point among the run's last ``recent``; further back, each bucket's last), or in the first bucket,
+        its last. None before the first point."""
+        recent, buckets = self.recent, self.buckets
+        if recent and step >= recent[0][0]:
+            i = bisect.bisect_right(recent, step, key=lambda p: p[0]) - 1
+            return recent[i] if i >= 0 else None
+        if not buckets or step < buckets[0].first:
+            return None
+        i = max(bisect.bisect_right(buckets, step, key=lambda b: b.last) - 1, 0)
+        return buckets[i].last, buckets[i].value
 
     def columns(self, start: int, end: int, dots: int) -> list[Column]:
         """The points in steps ``start`` .. ``end``, as at most ``dots`` columns placed on that shared axis.

@@ -16,6 +16,7 @@ p   pause / resume the run at the next step boundary
 s   stop the run (asks first)
 w   chart window: all steps / last 1,000 / last 100
 + - zoom every chart in / out (or the mouse wheel); ← → move; 0 follow the run again
+.   a cursor: every chart's value at one step (← → move it)
 f   full-screen the focused pane (f again to go back)
 i   the run: how it was started and watched, and its machine now
 x   save the screen as an SVG (in the run directory when it is on this host)
