@@ -114,6 +114,7 @@ async def test_the_pane_moves_through_its_history_filters_it_and_opens_an_alert(
         await pilot.press("enter")
         assert isinstance(app.screen, AlertScreen)
         assert app.screen.row.alert.step == 195
+        assert app.cursor == 195  # every chart read at the alert's step
         assert '"batch_ids": [\n    12480,' in app.screen.row.alert.evidence
         await pilot.press("escape")
         await pilot.press("2")  # warnings and up: the clears hidden, thirty spikes in a row are one row

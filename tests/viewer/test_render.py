@@ -236,3 +236,13 @@ def test_one_spike_left_off_the_range_is_marked_where_it_is_and_the_rest_keeps_i
     spike_cell = round(150 / 199 * (40 * 2 - 1)) >> 1  # the spike's dot column, halved: its cell
     assert clipped[0][LABEL_WIDTH + spike_cell] == "↑"
     assert "↓" not in "".join(clipped)
+
+
+def test_a_series_of_one_value_is_constant_and_one_that_moves_once_is_not():
+    series = Series()
+    assert not series.constant
+    for step in range(500):
+        series.add(step, 0.1)
+    assert series.constant
+    series.add(500, 0.01)
+    assert not series.constant

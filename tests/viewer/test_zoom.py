@@ -117,3 +117,14 @@ async def test_the_cursor_reads_every_chart_at_one_step_and_is_drawn_there():
         assert values["eval val_loss"] == evals[max(s for s in evals if s <= 76)]
         await pilot.press("m", "full_stop")
         assert app.cursor is None
+
+
+async def test_an_lr_that_never_changes_is_one_line_and_gives_its_rows_to_the_loss():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)  # lr 0.1 throughout
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "finished"))
+        await drawn(pilot)
+        lines = plain(app.query_one(TrainingPane)).splitlines()
+        at = lines.index("lr (log) 0.1 constant")
+        assert lines[at + 1].startswith("grad norm pre-clip (log)")
+        assert at > 20  # the loss chart has the rows (of 32)

@@ -84,6 +84,7 @@ class TrainingView:
     step_unit: str = "steps"  # what the x axis counts: "optimizer steps" when micro-batches fold
     compared: str | None = None  # --compare: "vs NAME: parts at step 120 (loss)"
     at_step: int | None = None  # the cursor's step: the values are that step's (the record the cursor snaps to)
+    lr_constant: bool = False  # one lr all along: its line says so, and its chart's rows go to the loss
 
 
 @dataclass(frozen=True)
@@ -458,6 +459,7 @@ def training_view(
         others=tuple((n, state.metrics[n].current) for n in others),
         step_unit="optimizer steps" if state.run.get("step_per") == "optimizer" else "steps",
         compared=compared,
+        lr_constant=state.lr.constant,
     )
     return view if cursor is None else at_cursor(view, state, cursor)
 

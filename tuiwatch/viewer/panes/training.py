@@ -36,9 +36,11 @@ class TrainingPane(Pane):
             return Text("")
         dim = self.style_of("dim")
         width, height = self.content_region.width, self.content_region.height
-        # Three charts share the height; each has a title line (and a step axis, drawn by the chart).
+        # Three charts share the height; each has a title line (and a step axis, drawn by the chart). An lr that
+        # never changes is its title line alone: its rows go to the loss.
         chart_h = max(1, (height - 3) // 3)
-        loss_h = max(1, height - 3 - 2 * chart_h)  # the loss chart takes the rows the division leaves
+        lr_h = 0 if v.lr_constant else chart_h
+        loss_h = max(1, height - 3 - chart_h - lr_h)  # the loss chart takes the rows the division leaves
         if v.train_name is not None:
             train: list[Piece] = [
                 (f"{safe(v.train_name, 24)} ", self.style_of("train")),
@@ -75,8 +77,9 @@ class TrainingPane(Pane):
         line = fitted(width, train, evaluation, window, tags, compared, rank=(*rank, 4))
         rows = [line, *self.draw(v.loss, width, loss_h)]
         lr_value = [(number(v.lr_value), self.value_style(v.lr_value))]
-        rows.append(fitted(width, [("lr (log) ", self.style_of("lr-title")), *lr_value]))
-        rows += self.draw(v.lr, width, chart_h)
+        constant = [(" constant", self.style_of("dim"))] if v.lr_constant else []
+        rows.append(fitted(width, [("lr (log) ", self.style_of("lr-title")), *lr_value], constant))
+        rows += self.draw(v.lr, width, lr_h)
         norm = [(number(v.grad_norm_value), self.value_style(v.grad_norm_value))]
         clipped = [(" clipped", self.style_of("clipped"))] if v.grad_norm_clipped else []
         label = "grad norm pre-clip (log) " if width >= 36 else "grad norm "

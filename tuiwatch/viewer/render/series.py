@@ -85,6 +85,15 @@ class Series:
         return self.recent[-1][1] if self.recent else None
 
     @property
+    def constant(self) -> bool:
+        """Every point so far is one value (an lr that never changes), and there are two or more."""
+        buckets = self.buckets
+        if self.count < 2:
+            return False
+        value = buckets[0].lo
+        return all(b.lo == value and b.hi == value for b in buckets)
+
+    @property
     def first_step(self) -> int | None:
         return self.buckets[0].first if self.buckets else None
 
