@@ -11,6 +11,7 @@ import pytest
 from tuiwatch.cli.replay import replay_source
 from tuiwatch.ledger.records import Record
 from tuiwatch.viewer.panes.header import HeaderBar
+from tuiwatch.viewer.panes.metrics import MetricsPane
 from tuiwatch.viewer.panes.ranks import COLUMNS, RanksPane, columns_for
 from tuiwatch.viewer.ranks import STALE_S, RanksState
 from tuiwatch.viewer.sources import RanksSource
@@ -295,3 +296,17 @@ def test_the_ranks_columns_fit_their_pane_and_a_wide_one_shows_every_column():
     assert [c.title for c in columns_for(20)] == ["#", "state", "wait", "sync"]
     assert columns_for(20, rank_digits=3)[0].width == 5  # "»127" and a gap: one column less
     assert [c.title for c in columns_for(20, rank_digits=3)] == ["#", "state", "wait"]
+
+
+async def test_the_metrics_view_of_a_job_has_its_ranks_data_wait_and_memory_a_line_each(tmp_path: Path):
+    app = RecordingApp(replay_source(str(straggler_job(tmp_path))), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await until(pilot, lambda: all(s.end_reason for s in app.ranks.ranks.values()) if app.ranks else False)
+        await pilot.press("m")
+        await drawn(pilot)
+        view = app.query_one(MetricsPane).view
+        assert view is not None
+        (waits,) = [c for c in view.cells if c.name == "data_wait_s by rank"]
+        assert [line.role for line in waits.chart.lines] == ["rank-a", "rank-b"]
+        assert app.ranks is not None
+        assert {line.series.current for line in waits.chart.lines} == {0.001, 0.021}  # rank 0's and rank 1's

@@ -369,6 +369,7 @@ class TuiwatchApp(App[None]):
                 CLIP if self.clip else 0.0,
                 self.zoom,
                 self.cursor,
+                views.ranks,
             )
             self._metrics_count = len(metrics.cells)
             self.query_one(MetricsPane).view = metrics

@@ -609,6 +609,7 @@ def metrics_view(
     clip: float = 0.0,
     zoom: tuple[int, int] | None = None,
     cursor: int | None = None,
+    ranks: RanksView | None = None,
 ) -> MetricsView:
     """Every numeric series the run has, a chart each (:func:`named_series`); with ``baseline`` (``--compare``),
     that run's series of the same name drawn in the same chart.
@@ -642,4 +643,10 @@ def metrics_view(
             value = None if point is None else point[1]
         chart = Chart(tuple(lines), window, n.log or log_y, n.unit, span, smooth, clip, cursor)
         cells.append(MetricCell(n.name, value, chart))
-    return MetricsView(tuple(cells), len(named), pattern, page)
+    # A job: what differs between its ranks over steps, a line per rank (the ranks the ranks pane charts).
+    by_rank = [("data_wait_s by rank", ranks.wait), ("memory by rank", ranks.memory)] if ranks is not None else []
+    for name, per_rank in by_rank:
+        if per_rank is not None and per_rank.lines and matches(name, pattern):
+            chart = dataclasses.replace(per_rank, span=span, smooth=smooth, clip=clip, cursor=cursor, log=log_y)
+            cells.append(MetricCell(name, None, chart))
+    return MetricsView(tuple(cells), len(named) + len(by_rank), pattern, page)

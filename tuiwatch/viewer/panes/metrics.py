@@ -11,7 +11,7 @@ from textual.reactive import reactive
 
 from tuiwatch.analysis.format import number, safe, seconds_short, size
 from tuiwatch.viewer.panes.base import Pane, fitted, window_label
-from tuiwatch.viewer.views import MetricCell, MetricsView
+from tuiwatch.viewer.views import RANK_ROLES, MetricCell, MetricsView
 
 CELL_MIN_WIDTH = 30  # a chart's value labels take 8 of them
 CELL_HEIGHT = 7  # its title, 5 rows of dots and the step axis
@@ -41,6 +41,7 @@ class MetricsPane(Pane):
         "pane--compute",
         "pane--memory",
         "pane--compare",
+        *(f"pane--{r}" for r in RANK_ROLES),
     }
     view: reactive[MetricsView | None] = reactive(None)
 
