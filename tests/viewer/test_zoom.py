@@ -12,6 +12,7 @@ from textual import events
 from tuiwatch.viewer.panes.metrics import MetricsPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
+from tuiwatch.viewer.render.chart import LABEL_WIDTH
 from tuiwatch.viewer.sources import FileSource
 from tuiwatch.viewer.views import MIN_ZOOM_STEPS, zoom_span
 
@@ -128,3 +129,21 @@ async def test_an_lr_that_never_changes_is_one_line_and_gives_its_rows_to_the_lo
         at = lines.index("lr (log) 0.1 constant")
         assert lines[at + 1].startswith("grad norm pre-clip (log)")
         assert at > 20  # the loss chart has the rows (of 32)
+
+
+async def test_a_click_on_a_chart_puts_the_cursor_at_the_step_under_it():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "finished"))
+        await drawn(pilot)
+        training = app.query_one(TrainingPane)
+        # The pane's content starts after its border and padding (2 cells); its charts' dots after their labels.
+        cells = training.content_region.width - LABEL_WIDTH
+        await pilot.click(TrainingPane, offset=(2 + LABEL_WIDTH + cells - 1, 5))  # the last column: the last step
+        await until(pilot, lambda: app.cursor == 149, what="the cursor at the last step")
+        await pilot.click(TrainingPane, offset=(2 + LABEL_WIDTH, 5))  # the first column: its two dots' second
+        await until(pilot, lambda: app.cursor is not None and app.cursor <= 2, what="the cursor at the start")
+        await pilot.press("m")
+        await drawn(pilot)
+        await pilot.click(MetricsPane, offset=(2 + LABEL_WIDTH, 4))
+        await until(pilot, lambda: app.cursor is not None and app.cursor <= 5, what="the cursor from the grid")

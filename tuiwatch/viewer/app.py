@@ -582,6 +582,10 @@ class TuiwatchApp(App[None]):
         self.query_one(MetricsPane).focus()
         self.redraw(force=True)
 
+    def on_pane_step_clicked(self, message: Pane.StepClicked) -> None:
+        self.cursor = message.step
+        self.redraw(force=True)
+
     def on_alerts_pane_chosen(self, message: AlertsPane.Chosen) -> None:
         """enter on an alert: the cursor goes to its step (every chart's values there) and the alert opens."""
         if message.row.alert.step is not None and message.row.alert.rule != "command":

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
+from textual.message import Message
 from textual.widget import Widget
 
-from tuiwatch.viewer.render.chart import Trace, chart
+from tuiwatch.viewer.render.chart import LABEL_WIDTH, Trace, chart, step_range
 from tuiwatch.viewer.views import Chart
 
 WINDOWS: tuple[int | None, ...] = (None, 1000, 100)
@@ -47,6 +48,18 @@ def fitted(width: int, *groups: Sequence[Piece], rank: Sequence[int] | None = No
     return text
 
 
+def step_at(c: Chart, width: int, x: int) -> int | None:
+    """The step under column ``x`` of a chart ``width`` cells wide (as :func:`chart` places steps), or None in
+    its value labels or where it has no steps."""
+    steps = c.span or step_range([Trace(line.series, Style()) for line in c.lines], c.window)
+    cells = width - LABEL_WIDTH
+    if steps is None or cells < 1 or not LABEL_WIDTH <= x < width:
+        return None
+    dot = (x - LABEL_WIDTH) * 2 + 1  # the cell's right dot column
+    first, last = steps
+    return min(round(first + dot * (last - first) / max(cells * 2 - 1, 1)), last)
+
+
 class Pane(Widget, can_focus=True):
     """A pane: the app sets its ``view`` (a reactive, frozen dataclass); it redraws only when that changes.
 
@@ -55,6 +68,13 @@ class Pane(Widget, can_focus=True):
     """
 
     COMPONENT_CLASSES = {"pane--dim", "pane--critical"}
+
+    class StepClicked(Message):
+        """A click on a chart: the app puts the cursor at that step."""
+
+        def __init__(self, step: int) -> None:
+            super().__init__()
+            self.step = step
 
     def __init__(self, title: str, *, id: str | None = None) -> None:
         super().__init__(id=id)

@@ -7,10 +7,11 @@ import math
 
 from rich.console import Group, RenderableType
 from rich.text import Text
+from textual import events
 from textual.reactive import reactive
 
 from tuiwatch.analysis.format import number, safe, seconds_short, size
-from tuiwatch.viewer.panes.base import Pane, fitted, window_label
+from tuiwatch.viewer.panes.base import Pane, fitted, step_at, window_label
 from tuiwatch.viewer.views import RANK_ROLES, MetricCell, MetricsView
 
 CELL_MIN_WIDTH = 30  # a chart's value labels take 8 of them
@@ -97,3 +98,15 @@ class MetricsPane(Pane):
             [(value, self.value_style(cell.value))],
         )
         return [title, *self.draw(cell.chart, width, CELL_HEIGHT - 1)]
+
+    def on_click(self, event: events.Click) -> None:
+        """A click on a chart puts the cursor at the step under it (every chart here has the same steps)."""
+        at = event.get_content_offset(self)
+        v = self.view
+        if at is None or v is None or not v.cells:
+            return
+        columns, _ = grid_shape(self.content_region.width, self.content_region.height)
+        cell_width = (self.content_region.width - GAP * (columns - 1)) // columns
+        step = step_at(v.cells[0].chart, cell_width, at.x % (cell_width + GAP))
+        if step is not None:
+            self.post_message(self.StepClicked(step))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.text import Text
+from textual import events
 from textual.reactive import reactive
 
 from tuiwatch.analysis.format import number, safe
-from tuiwatch.viewer.panes.base import Pane, Piece, fitted, window_label
+from tuiwatch.viewer.panes.base import Pane, Piece, fitted, step_at, window_label
 from tuiwatch.viewer.views import TrainingView
 
 
@@ -91,3 +92,13 @@ class TrainingPane(Pane):
             ]
             rows.append(fitted(width, *others))
         return Group(*rows[:height])
+
+    def on_click(self, event: events.Click) -> None:
+        """A click on a chart puts the cursor at the step under it (the loss chart's steps: the three share them)."""
+        at = event.get_content_offset(self)
+        v = self.view
+        if at is None or v is None:
+            return
+        step = step_at(v.loss, self.content_region.width, at.x)
+        if step is not None:
+            self.post_message(self.StepClicked(step))
