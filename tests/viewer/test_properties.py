@@ -12,7 +12,7 @@ from rich.style import Style
 from tuiwatch.ledger.fields import num
 from tuiwatch.viewer.render.chart import LABEL_WIDTH, Trace, chart
 from tuiwatch.viewer.state import RunState
-from tuiwatch.viewer.views import build_views
+from tuiwatch.viewer.views import build_views, step_extent, zoom_span
 
 VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True, width=64),
@@ -73,3 +73,45 @@ def test_any_ledger_draws_within_its_cells_with_the_last_steps_values(
             if "┤" in label:
                 assert label.endswith("┤")  # the label fits its gutter: never cut, never pushed into the chart
                 assert "…" not in label
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ledgers(),
+    st.integers(11, 120),
+    st.integers(1, 12),
+    st.sampled_from([0.0, 0.6, 0.9, 0.99]),
+    st.booleans(),
+    st.sampled_from([0.0, 0.01]),
+    st.integers(0, 10**6 + 400_000),
+    st.floats(0.05, 4.0),
+)
+def test_smoothing_log_clipping_zoom_and_a_cursor_draw_any_ledger_and_the_cursor_reads_its_record(
+    records: list[dict[str, Any]],
+    width: int,
+    height: int,
+    smooth: float,
+    log_y: bool,
+    clip: float,
+    cursor: int,
+    factor: float,
+) -> None:
+    state = RunState()
+    state.apply_all(records)
+    extent = step_extent(state)
+    zoom = zoom_span(extent, extent, factor) if extent is not None else None
+    views = build_views(
+        state, window=None, now=None, mode="replay", smooth=smooth, log_y=log_y, clip=clip, zoom=zoom, cursor=cursor
+    )
+    for c in (views.training.loss, views.training.lr, views.training.grad_norm, views.timing.chart):
+        traces = [Trace(line.series, Style(), line.markers, c.smooth) for line in c.lines]
+        rows = chart(traces, width, height, c.window, c.log, c.unit, c.span, c.clip, c.cursor)
+        assert len(rows) in (0, height)
+        assert all(row.cell_len <= width for row in rows)
+    # The cursor reads the loss record at or before its step: exactly the ledger's (the series keeps them all here).
+    steps = {r["step"]: num(r["loss"]) for r in records if r["kind"] == "step" and num(r.get("loss")) is not None}
+    finite = {s: v for s, v in steps.items() if v is not None and math.isfinite(v)}
+    before = [s for s in finite if s <= cursor]
+    if views.training.train_name == "loss" and finite:
+        expected = finite[max(before)] if before else None
+        assert same(views.training.train_value, expected)
