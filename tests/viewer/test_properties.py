@@ -12,7 +12,7 @@ from rich.style import Style
 from tuiwatch.ledger.fields import num
 from tuiwatch.viewer.render.chart import LABEL_WIDTH, Trace, chart
 from tuiwatch.viewer.state import RunState
-from tuiwatch.viewer.views import build_views, step_extent, zoom_span
+from tuiwatch.viewer.views import Looks, build_views, step_extent, zoom_span
 
 VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True, width=64),
@@ -100,9 +100,8 @@ def test_smoothing_log_clipping_zoom_and_a_cursor_draw_any_ledger_and_the_cursor
     state.apply_all(records)
     extent = step_extent(state)
     zoom = zoom_span(extent, extent, factor) if extent is not None else None
-    views = build_views(
-        state, window=None, now=None, mode="replay", smooth=smooth, log_y=log_y, clip=clip, zoom=zoom, cursor=cursor
-    )
+    looks = Looks(smooth, log_y, clip, zoom, cursor)
+    views = build_views(state, window=None, now=None, mode="replay", looks=looks)
     for c in (views.training.loss, views.training.lr, views.training.grad_norm, views.timing.chart):
         traces = [Trace(line.series, Style(), line.markers, c.smooth) for line in c.lines]
         rows = chart(traces, width, height, c.window, c.log, c.unit, c.span, c.clip, c.cursor)

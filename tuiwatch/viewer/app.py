@@ -47,7 +47,7 @@ from tuiwatch.viewer.screens.help import QUIT, HelpScreen
 from tuiwatch.viewer.screens.run_info import RunInfoScreen
 from tuiwatch.viewer.sources import RanksSource, Source
 from tuiwatch.viewer.state import ENDED, RunState, describe_action
-from tuiwatch.viewer.views import build_views, metrics_view, step_extent, zoom_span
+from tuiwatch.viewer.views import Looks, build_views, metrics_view, step_extent, zoom_span
 from tuiwatch.viewer.widgets import FilterInput
 
 COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiwatch.tcss)
@@ -343,12 +343,8 @@ class TuiwatchApp(App[None]):
             mode=self.mode,
             loading=self.loading,
             ranks=self.ranks,
-            smooth=SMOOTHING[self.smoothing_index],
-            log_y=self.log_y,
+            looks=self.looks(),
             baseline=self.baseline,
-            clip=CLIP if self.clip else 0.0,
-            zoom=self.zoom,
-            cursor=self.cursor,
         )
         header.view = views.header
         self.query_one(TrainingPane).view = views.training
@@ -363,12 +359,8 @@ class TuiwatchApp(App[None]):
                 WINDOWS[self.window_index],
                 self.metrics_pattern,
                 self.metrics_page,
-                SMOOTHING[self.smoothing_index],
-                self.log_y,
+                self.looks(),
                 self.baseline.state if self.baseline is not None else None,
-                CLIP if self.clip else 0.0,
-                self.zoom,
-                self.cursor,
                 views.ranks,
             )
             self._metrics_count = len(metrics.cells)
@@ -444,6 +436,9 @@ class TuiwatchApp(App[None]):
         self.window_index = (self.window_index + 1) % len(WINDOWS)
         self.notify(f"charts: {window_label(WINDOWS[self.window_index])}", timeout=1.5, markup=False)
         self.redraw(force=True)
+
+    def looks(self) -> Looks:
+        return Looks(SMOOTHING[self.smoothing_index], self.log_y, CLIP if self.clip else 0.0, self.zoom, self.cursor)
 
     def action_smooth(self) -> None:
         self.smoothing_index = (self.smoothing_index + 1) % len(SMOOTHING)

@@ -53,6 +53,17 @@ class Chart:
 
 
 @dataclass(frozen=True)
+class Looks:
+    """How the user asked the charts to be drawn (keys ``e`` ``y`` ``o`` ``+`` ``-`` ``←`` ``→`` ``.``)."""
+
+    smooth: float = 0.0  # the moving average's weight over the loss and the metrics (e)
+    log_y: bool = False  # the loss and the metrics on a log value axis (y)
+    clip: float = 0.0  # the fraction of their highest and lowest values left off the range (o)
+    zoom: tuple[int, int] | None = None  # the steps every chart shows (None: the window's)
+    cursor: int | None = None  # the step every chart is read at (.)
+
+
+@dataclass(frozen=True)
 class HeaderView:
     name: str
     host: str | None
@@ -259,15 +270,11 @@ def build_views(
     mode: str,
     loading: int | None = None,
     ranks: RanksState | None = None,
-    smooth: float = 0.0,
-    log_y: bool = False,
+    looks: Looks = Looks(),
     baseline: Baseline | None = None,
-    clip: float = 0.0,
-    zoom: tuple[int, int] | None = None,
-    cursor: int | None = None,
 ) -> Views:
-    """Every pane's view. ``zoom`` (first, last step: keys + - ← → 0) replaces the window in every chart;
-    ``cursor`` (a step: key .) is drawn in every chart and the training values are read there."""
+    """Every pane's view. ``looks.zoom`` replaces the window in every chart; ``looks.cursor`` is drawn in
+    every chart and the training values are read there."""
     header = header_view(state, now, mode, loading)
     if ranks is not None:
         shown = len(ranks.ranks)
@@ -275,12 +282,13 @@ def build_views(
         header = dataclasses.replace(header, ranks=of)
     views = Views(
         header,
-        training_view(state, window, smooth, log_y, baseline, clip, cursor),
+        training_view(state, window, looks, baseline),
         timing_view(state, window),
         memory_view(state, window),
         AlertsView(tuple(state.alerts)),
         ranks_view(ranks, now or 0.0, window) if ranks is not None else None,
     )
+    zoom, cursor = looks.zoom, looks.cursor
     return zoomed(views, zoom, cursor) if zoom is not None or cursor is not None else views
 
 
@@ -413,15 +421,9 @@ def latest(step: Record, key: str, series: Series) -> float | None:
 
 
 def training_view(
-    state: RunState,
-    window: int | None,
-    smooth: float = 0.0,
-    log_y: bool = False,
-    baseline: Baseline | None = None,
-    clip: float = 0.0,
-    cursor: int | None = None,
+    state: RunState, window: int | None, looks: Looks = Looks(), baseline: Baseline | None = None
 ) -> TrainingView:
-    """``smooth`` and ``log_y`` (keys ``e`` and ``y``) are for the loss chart: lr and grad norm are drawn in
+    """Smoothing, the log axis and clipping (``looks``) are for the loss chart: lr and grad norm are drawn in
     log already, and one step's norm is the news, not its average. ``baseline`` (``--compare``): the other
     run's loss, lr and grad norm in each chart, and where the two part."""
     train, evaluation = train_metric(state), eval_metric(state)
@@ -449,7 +451,7 @@ def training_view(
         train_value=latest(step, train, state.metrics[train]) if train is not None else None,
         eval_name=evaluation,
         eval_value=state.eval_metrics[evaluation].current if evaluation is not None else None,
-        loss=Chart(tuple(loss_lines), window, log=log_y, smooth=smooth, clip=clip),
+        loss=Chart(tuple(loss_lines), window, log=looks.log_y, smooth=looks.smooth, clip=looks.clip),
         lr_value=lr_value,
         lr=Chart(tuple(lr_lines), window, log=True),
         # The norm and the clipped flag of one step: a step without a norm shows none, not an older one's.
@@ -461,7 +463,7 @@ def training_view(
         compared=compared,
         lr_constant=state.lr.constant,
     )
-    return view if cursor is None else at_cursor(view, state, cursor)
+    return view if looks.cursor is None else at_cursor(view, state, looks.cursor)
 
 
 def at_cursor(view: TrainingView, state: RunState, cursor: int) -> TrainingView:
@@ -603,12 +605,8 @@ def metrics_view(
     window: int | None,
     pattern: str = "",
     page: int = 0,
-    smooth: float = 0.0,
-    log_y: bool = False,
+    looks: Looks = Looks(),
     baseline: RunState | None = None,
-    clip: float = 0.0,
-    zoom: tuple[int, int] | None = None,
-    cursor: int | None = None,
     ranks: RanksView | None = None,
 ) -> MetricsView:
     """Every numeric series the run has, a chart each (:func:`named_series`); with ``baseline`` (``--compare``),
@@ -624,7 +622,8 @@ def metrics_view(
     drawn = [n.series for n in named] + [other[n.name] for n in named if n.name in other]
     ends = [e for s in drawn if (e := s.end_step) is not None]
     firsts = [f for s in drawn if (f := s.first_step) is not None]
-    span = zoom
+    smooth, log_y, clip, cursor = looks.smooth, looks.log_y, looks.clip, looks.cursor
+    span = looks.zoom
     if span is None and ends and firsts:
         end = max(ends)
         span = (min(firsts) if window is None else max(end - window + 1, min(firsts)), end)
