@@ -244,7 +244,13 @@ def test_a_flood_of_dumps_costs_the_run_one_dump_and_the_next_is_rate_limited(ru
     client = Client(socket_dir)
     client.send("dump", 5000)  # right behind the flood: joins a waiting dump, or one a second at most
     late = client.reply(5000)
-    assert late.get("coalesced_with") is not None or late["error"].endswith("ago: at most one a second"), late
+    # Or, on a loaded machine, "busy": the flood's first read can span a boundary, and the 16 of its tail that
+    # queued after it still wait when this one comes (they then run as one dump, refused "at most one a second").
+    assert (
+        late.get("coalesced_with") is not None
+        or late["error"].endswith("ago: at most one a second")
+        or late["error"].startswith("busy: 16 commands already wait")
+    ), late
     first = next(r for r in records(ledger) if r["kind"] == "action" and r["ok"])
     client.until_step(first["step"] + 50)  # training goes on
     client.close()
