@@ -116,7 +116,14 @@ async def test_the_pane_moves_through_its_history_filters_it_and_opens_an_alert(
         assert app.screen.row.alert.step == 195
         assert app.cursor == 195  # every chart read at the alert's step
         assert '"batch_ids": [\n    12480,' in app.screen.row.alert.evidence
-        await pilot.press("escape")
+        await pilot.press("escape", "plus", "plus")  # zoomed on steps 111-185: the next alert is elsewhere
+        assert app.zoom is not None
+        assert not app.zoom[0] <= 5 <= app.zoom[1]
+        pane.focus()
+        await pilot.press(*["down"] * 38, "enter", "escape")  # the spike at step 5
+        assert app.cursor == 5
+        assert app.zoom[0] <= 5 <= app.zoom[1]  # the zoom moved to show it, as wide as it was
+        await pilot.press("0")
         await pilot.press("2")  # warnings and up: the clears hidden, thirty spikes in a row are one row
         await drawn(pilot)
         lines = plain(pane).splitlines()

@@ -583,8 +583,13 @@ class TuiwatchApp(App[None]):
 
     def on_alerts_pane_chosen(self, message: AlertsPane.Chosen) -> None:
         """enter on an alert: the cursor goes to its step (every chart's values there) and the alert opens."""
-        if message.row.alert.step is not None and message.row.alert.rule != "command":
-            self.cursor = message.row.alert.step
+        step = message.row.alert.step
+        if step is not None and message.row.alert.rule != "command":
+            self.cursor = step
+            extent = step_extent(self.state)
+            if self.zoom is not None and extent is not None and not self.zoom[0] <= step <= self.zoom[1]:
+                half = (self.zoom[1] - self.zoom[0]) // 2  # zoomed elsewhere: the same width, about the alert
+                self.zoom = zoom_span(extent, (step - half, step + half), 1.0)
             self.redraw(force=True)
         self.push_screen(AlertScreen(message.row))
 
