@@ -8,7 +8,7 @@ from typing import Any
 from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.screens.alert import AlertScreen, alert_text
 from tuiwatch.viewer.sources import FileSource
-from tuiwatch.viewer.state import Alert
+from tuiwatch.viewer.state import Alert, RunState
 from tuiwatch.viewer.views import AlertRow, alert_rows
 
 from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, until, write_ledger
@@ -141,3 +141,11 @@ def test_an_alert_of_an_unknown_severity_is_shown_with_everything():
     odd = Alert("bogus", 3, "x", "from another tool")
     assert alert_rows((odd,), 3) == (AlertRow(odd),)
     assert alert_rows((odd,), 2) == ()
+
+
+def test_an_alert_whose_evidence_holds_an_integer_past_64_bits_is_kept_with_it_as_digits():
+    # Found by the fuzz test: the evidence's JSON for the alert screen raised on such a number (orjson stops at 64).
+    state = RunState()
+    state.apply({"kind": "alert", "rule": "x", "severity": "warning", "step": 1, "evidence": {"n": -(2**63) - 1}})
+    (alert,) = state.alerts
+    assert alert.evidence == '{\n  "n": "-9223372036854775809"\n}'

@@ -41,8 +41,21 @@ def json_text(obj: Any, indent: bool = True) -> str:
     """``obj`` as JSON that is safe to print: C1 controls and bidi overrides in strings, which JSON allows raw
     and a terminal obeys (U+009B starts a CSI), are written as ``\\uXXXX`` escapes. NaN and inf become null."""
     option = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS if indent else orjson.OPT_NON_STR_KEYS
-    text = orjson.dumps(obj, option=option, default=str).decode()
+    try:
+        text = orjson.dumps(obj, option=option, default=str).decode()
+    except TypeError:  # an integer past 64 bits (a ledger may hold anything): written as its digits, quoted
+        text = orjson.dumps(_big_ints_as_text(obj), option=option, default=str).decode()
     return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _big_ints_as_text(obj: Any) -> Any:
+    if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**64:
+        return str(obj)
+    if isinstance(obj, dict):
+        return {_big_ints_as_text(k): _big_ints_as_text(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_big_ints_as_text(v) for v in obj]
+    return obj
 
 
 def safe(text: object, limit: int = 200) -> str:
