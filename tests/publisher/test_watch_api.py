@@ -165,6 +165,27 @@ def test_a_loop_without_a_loader_uses_step(run_root: Path, socket_dir: Path):
     assert all(s["accuracy"] == 0.5 and s["compute_s"] > 0 and s["batch_shape"] is None for s in steps)
 
 
+def test_an_integer_metric_past_64_bits_is_written_as_its_float_and_costs_no_record(run_root: Path, socket_dir: Path):
+    # It made the ledger's encoder raise: the publisher degraded and every step record was lost.
+    model, opt = _mlp()
+    with Watch(model, opt, run_dir=run_root) as watch:
+        for x, y in _data(3):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss, tokens_seen=2**70, steps_seen=7)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            watch.step()
+        with watch.validation():
+            watch.log(val_big=-(2**64))
+    assert watch.status == "closed"
+    records = _ledger(watch)
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [(s["tokens_seen"], s["steps_seen"]) for s in steps] == [(float(2**70), 7)] * 3
+    assert [r["val_big"] for r in records if r["kind"] == "eval"] == [float(-(2**64))]
+    assert not [r for r in records if r["kind"] == "publisher" and r["status"] == "degraded"]
+
+
 def test_an_integrations_boundaries_timed_waits_and_late_gradients(run_root: Path, socket_dir: Path):
     """What the integrations use: step(data_wait_s=) opens or folds, end_step() ends after the optimizer
     stepped, and with late_gradients the norm is the one at gradients_ready(), not at optimizer.step()."""

@@ -163,6 +163,7 @@ def add_metrics(target: dict[str, Any], metrics: dict[str, Any]) -> None:
                 raise ValueError(f"tuiwatch: log({key}=...) needs a scalar, got a tensor of shape {list(value.shape)}")
             target[key] = defer(value)
         elif isinstance(value, int | float) and not isinstance(value, bool):
-            target[key] = value
+            # An int past 64 bits cannot be written as a JSON number by the ledger's encoder: its float instead.
+            target[key] = float(value) if type(value) is int and not -(2**63) <= value < 2**63 else value
         else:
             raise TypeError(f"tuiwatch: log({key}=...) needs a number or a scalar tensor, got {type(value).__name__}")
