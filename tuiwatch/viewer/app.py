@@ -40,6 +40,7 @@ from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.ranks import RanksState
+from tuiwatch.viewer.render.chart import window_span
 from tuiwatch.viewer.run_info import run_info
 from tuiwatch.viewer.screens.alert import AlertScreen
 from tuiwatch.viewer.screens.confirm_stop import ConfirmStop
@@ -463,7 +464,7 @@ class TuiwatchApp(App[None]):
     def _shown(self, extent: tuple[int, int]) -> tuple[int, int]:
         """The steps the charts show: the zoom, else the window's last steps of the run."""
         window = WINDOWS[self.window_index]
-        return self.zoom or (extent if window is None else (max(extent[1] - window + 1, extent[0]), extent[1]))
+        return self.zoom or window_span(*extent, window)
 
     def action_cursor(self) -> None:
         """.: a cursor in the middle of the steps shown, or none; ← → then move it."""

@@ -19,6 +19,7 @@ from tuiwatch.ledger.fields import finite, integer, num
 from tuiwatch.ledger.records import Record
 from tuiwatch.viewer.baseline import Baseline
 from tuiwatch.viewer.ranks import RanksState
+from tuiwatch.viewer.render.chart import window_span
 from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.state import Alert, RunState
 
@@ -625,8 +626,7 @@ def metrics_view(
     smooth, log_y, clip, cursor = looks.smooth, looks.log_y, looks.clip, looks.cursor
     span = looks.zoom
     if span is None and ends and firsts:
-        end = max(ends)
-        span = (min(firsts) if window is None else max(end - window + 1, min(firsts)), end)
+        span = window_span(min(firsts), max(ends), window)
     cells = []
     for n in named:
         if not matches(n.name, pattern):

@@ -254,8 +254,12 @@ def step_range(traces: Sequence[Trace], window: int | None) -> tuple[int, int] |
     firsts = [f for t in traces if (f := t.series.first_step) is not None]
     if not ends or not firsts:
         return None
-    end, first = max(ends), min(firsts)
-    return (first if window is None else max(end - window + 1, first)), end
+    return window_span(min(firsts), max(ends), window)
+
+
+def window_span(first: int, last: int, window: int | None) -> tuple[int, int]:
+    """The steps a chart shows of ``first`` .. ``last``: all of them, or the last ``window``."""
+    return (first if window is None else max(last - window + 1, first)), last
 
 
 def chart(
