@@ -12,6 +12,7 @@ from tuiwatch.analysis.diff import Parting
 from tuiwatch.viewer.baseline import Baseline
 from tuiwatch.viewer.panes.metrics import MetricsPane
 from tuiwatch.viewer.panes.training import TrainingPane
+from tuiwatch.viewer.render.chart import LABEL_WIDTH
 from tuiwatch.viewer.sources import FileSource, read_run
 
 from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, shown, until, write_ledger
@@ -72,6 +73,14 @@ async def test_replay_compare_draws_the_other_run_in_every_chart_and_says_where_
         assert [line.role for line in training.view.loss.lines] == ["train", "eval", "compare"]
         assert training.view.loss.lines[2].series is baseline.state.metrics["loss"]
         assert [line.role for line in training.view.lr.lines] == ["lr", "compare"]
+        # The step where they part: a dotted line in every chart, at the column of step 60 of 0-149.
+        assert {training.view.loss.mark, training.view.lr.mark, training.view.grad_norm.mark} == {60}
+        width = training.content_region.width - LABEL_WIDTH
+        column = LABEL_WIDTH + round(60 * (width * 2 - 1) / 149) // 2
+        rows = plain(training).splitlines()
+        dotted = [i for i, row in enumerate(rows) if "┊" in row]
+        assert len(dotted) > 10
+        assert all(rows[i].index("┊") == column and rows[i].count("┊") == 1 for i in dotted)
         await pilot.press("m")
         await drawn(pilot)
         metrics = app.query_one(MetricsPane).view
@@ -79,6 +88,7 @@ async def test_replay_compare_draws_the_other_run_in_every_chart_and_says_where_
         cells = {c.name: c for c in metrics.cells}
         assert [line.role for line in cells["loss"].chart.lines] == ["train", "compare"]
         assert [line.role for line in cells["eval val_loss"].chart.lines] == ["eval", "compare"]
+        assert {c.chart.mark for c in metrics.cells} == {60}
 
 
 def test_a_compare_run_that_cannot_be_read_is_a_one_line_error(tmp_path: Path):

@@ -110,7 +110,10 @@ async def test_m_shows_every_metric_and_the_filter_and_pages_work():
         await pilot.press("right_square_bracket", "right_square_bracket", "right_square_bracket")
         await drawn(pilot)
         assert plain(pane).splitlines()[0].startswith("11 metrics  page 3/3")  # no page past the last
-        assert plain(pane).splitlines()[1].split()[:2] == ["examples_per_s", "16.67k"]  # the 9th of 11
+        last_page = plain(pane).splitlines()
+        assert last_page[1].split()[:2] == ["data_wait_s", "556µs"]  # the 9th chart of 10
+        # The lr never changed: one line under the charts, not a chart of one value.
+        assert last_page[-1].split() == ["lr", "0.1", "constant"]
         await pilot.press("slash", "c", "o", "m")  # typed into the filter: no c command goes to the run
         await drawn(pilot)
         assert isinstance(focus_of(app), FilterInput)
@@ -141,7 +144,8 @@ async def test_a_run_with_many_metrics_pages_them_and_the_window_key_applies(tmp
         lines = plain(app.query_one(MetricsPane)).splitlines()
         assert lines[0].startswith("20 metrics")  # 6 x 7 charts fit 200x60: one page
         assert "last 1k" in lines[0]
-        assert lines[1].split()[:4] == ["m00", "0", "m01", "299"]
+        assert lines[1].split()[:4] == ["m01", "299", "m02", "598"]
+        assert lines[-1].split() == ["m00", "0", "constant"]  # 0 all along: a line below the charts
 
 
 async def test_e_cycles_the_moving_average_and_y_the_log_axis_of_the_loss_and_the_metrics():

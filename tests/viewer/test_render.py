@@ -246,3 +246,22 @@ def test_a_series_of_one_value_is_constant_and_one_that_moves_once_is_not():
     assert series.constant
     series.add(500, 0.01)
     assert not series.constant
+
+
+def test_where_a_compared_run_parts_is_a_dotted_line_through_the_empty_cells_of_its_column():
+    series = Series()
+    for step in range(100):
+        series.add(step, float(step))  # a diagonal: one cell of each column holds dots, the others are empty
+    trace = [Trace(series, Style(color="blue"))]
+    plain_rows = [r.plain for r in chart(trace, LABEL_WIDTH + 20, 6, None)]
+    marked = chart(trace, LABEL_WIDTH + 20, 6, None, mark=50, mark_style=Style(color="magenta"))
+    column = LABEL_WIDTH + round(50 * 39 / 99) // 2  # two dot columns a cell, 40 over steps 0-99
+    for before, row in zip(plain_rows[:5], marked[:5], strict=True):
+        cell = row.plain[column]
+        assert cell == "┊" if before[column] == "\u2800" else cell == before[column]  # dots are never hidden
+        assert row.plain[:column] + row.plain[column + 1 :] == before[:column] + before[column + 1 :]
+    assert sum(r.plain[column] == "┊" for r in marked[:5]) == 4
+    assert all(r.plain == b for r, b in zip(marked[5:], plain_rows[5:], strict=True))  # the step axis unchanged
+    assert any(s.style == Style(color="magenta") and s.start <= column < s.end for s in marked[0].spans)
+    off = chart(trace, LABEL_WIDTH + 20, 6, 10, mark=50)  # the last 10 steps: the mark is off the chart
+    assert [r.plain for r in off] == [r.plain for r in chart(trace, LABEL_WIDTH + 20, 6, 10)]

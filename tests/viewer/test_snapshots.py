@@ -9,12 +9,14 @@ and look at the SVGs under ``tests/__snapshots__/`` before committing them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tuiwatch.viewer.app import TuiwatchApp
+from tuiwatch.viewer.baseline import Baseline
 from tuiwatch.viewer.sources import FileSource
 
 from ..viewer_helpers import FIXED_NOW, shown, until
@@ -45,6 +47,27 @@ def test_metrics_view_snapshot(snap_compare: Any, size: tuple[int, int]) -> None
     async def settled(pilot: Any) -> None:
         await until(pilot, shown(app, "finished"), what="finished")
         await pilot.press("m")
+        app.redraw(force=True)
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=size, run_before=settled)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)], ids=["80x24", "200x60"])
+def test_compare_view_snapshot(snap_compare: Any, size: tuple[int, int], tmp_path: Path) -> None:
+    """``replay healthy --compare B``, B's loss 1 % higher from step 60: B in pink in every chart, the dotted
+    line at step 60, the title saying so."""
+    records = [json.loads(line) for line in (LEDGERS / "healthy.jsonl").read_text().splitlines()]
+    for r in records:
+        if r["kind"] == "step" and r["step"] >= 60:
+            r["loss"] *= 1.01
+        if r["kind"] == "run":
+            r["name"] = "other-seed"
+    baseline = Baseline.of(records)
+    app = TuiwatchApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW, baseline=baseline)
+
+    async def settled(pilot: Any) -> None:
+        await until(pilot, shown(app, "finished"), what="finished")
         app.redraw(force=True)
         await pilot.pause()
 

@@ -9,14 +9,16 @@ from rich.console import Group
 from rich.text import Text
 from textual import events
 
+from tuiwatch.viewer.panes.memory import MemoryPane
 from tuiwatch.viewer.panes.metrics import MetricsPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.render.chart import LABEL_WIDTH
 from tuiwatch.viewer.sources import FileSource
-from tuiwatch.viewer.views import MIN_ZOOM_STEPS, zoom_span
+from tuiwatch.viewer.state import RunState
+from tuiwatch.viewer.views import MIN_ZOOM_STEPS, cursor_moved, zoom_span
 
-from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, shown, until
+from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, shown, until, write_ledger
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 
@@ -108,7 +110,7 @@ async def test_the_cursor_reads_every_chart_at_one_step_and_is_drawn_there():
         assert len(marked) == 1
         await pilot.press("right")
         await drawn(pilot)
-        assert app.cursor == 76  # a sixtieth of 149 steps: 2
+        assert app.cursor == 76  # to the record a column on: a sixtieth of 149 steps, 2
         await pilot.press("m")
         await drawn(pilot)
         metrics = app.query_one(MetricsPane).view
@@ -147,3 +149,67 @@ async def test_a_click_on_a_chart_puts_the_cursor_at_the_step_under_it():
         await drawn(pilot)
         await pilot.click(MetricsPane, offset=(2 + LABEL_WIDTH, 4))
         await until(pilot, lambda: app.cursor is not None and app.cursor <= 5, what="the cursor from the grid")
+
+
+def test_the_cursor_steps_from_record_to_record_at_least_a_column_at_a_time():
+    state = RunState()
+    state.apply({"kind": "run", "t": 1.0, "name": "sparse"})
+    for step in range(0, 1001, 50):  # a loss logged every 50 steps
+        state.apply({"kind": "step", "t": 1.0 + step, "step": step, "loss": 1.0 / (1 + step)})
+    shown = (0, 1000)  # a column is 16 steps: three presses would stay on one record
+    assert cursor_moved(state, 500, shown, forward=True) == 550
+    assert cursor_moved(state, 520, shown, forward=True) == 550  # between records: the next one
+    assert cursor_moved(state, 550, shown, forward=False) == 500
+    assert cursor_moved(state, 520, shown, forward=False) == 450  # 520 reads 500's record: the one before it
+    assert cursor_moved(state, 1000, shown, forward=True) == 1000  # the last record: it stays
+    assert cursor_moved(state, 0, shown, forward=False) == 0
+    dense = RunState()
+    for step in range(10_000):
+        dense.apply({"kind": "step", "step": step, "loss": 1.0})
+    assert cursor_moved(dense, 9500, (0, 9999), forward=True) == 9666  # a column's steps, not one record
+    assert cursor_moved(dense, 9500, (0, 9999), forward=False) == 9334
+    # Older than the last 1,000 points a series keeps buckets (16 steps here): the cursor goes to a bucket's last.
+    assert cursor_moved(dense, 5000, (0, 9999), forward=True) == 5151
+
+
+async def test_the_timing_and_memory_numbers_are_the_cursor_s_step(tmp_path: Path):
+    records = []
+    for line in (LEDGERS / "gpu.jsonl").read_text().splitlines():
+        records.append(json.loads(line))
+        if records[-1]["kind"] == "step" and records[-1]["step"] in (40, 100):  # NVML read after these steps
+            util = {40: 50, 100: 70}[records[-1]["step"]]
+            gpu = {"index": 0, "device": "cuda:0", "util": util, "mem_used": util * 2**30, "temp": 60, "power": 300}
+            records.append({"kind": "system", "t": records[-1]["t"], "rss": util * 2**20, "gpus": [gpu]})
+    steps = {r["step"]: r for r in records if r["kind"] == "step"}
+    app = RecordingApp(FileSource(write_ledger(tmp_path / "ledger.jsonl", records)), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "finished"))
+        await pilot.press("full_stop")
+        await drawn(pilot)
+        timing, memory = app.query_one(TimingPane).view, app.query_one(MemoryPane).view
+        assert timing is not None
+        assert memory is not None
+        at = steps[74]
+        assert (timing.at_step, timing.data_wait_s, timing.compute_s) == (74, at["data_wait_s"], at["compute_s"])
+        assert timing.examples_per_s == at["examples_per_s"]
+        assert plain(app.query_one(TimingPane)).startswith("@ 74 wait ")
+        assert memory.at_step == 74
+        assert memory.device is not None
+        assert (memory.device.allocated, memory.device.reserved, memory.device.peak) == (
+            at["mem_allocated"],
+            None,
+            None,
+        )
+        # The GPU and the RSS as the system record after step 40 read them; what is kept of the last step only
+        # (temperature, power, CPU) is not shown at the cursor.
+        shown_gpu = memory.gpus[0]
+        assert (shown_gpu.util_percent, shown_gpu.mem_used, memory.rss) == (50, 50 * 2**30, 50 * 2**20)
+        assert (shown_gpu.temp_c, shown_gpu.power_w, memory.cpu_percent) == (None, None, None)
+        assert plain(app.query_one(MemoryPane)).splitlines()[0] == "@ step 74"
+        await pilot.press("full_stop")
+        await drawn(pilot)
+        timing, memory = app.query_one(TimingPane).view, app.query_one(MemoryPane).view
+        assert timing is not None
+        assert memory is not None
+        assert (timing.at_step, timing.compute_s) == (None, steps[149]["compute_s"])
+        assert (memory.at_step, memory.gpus[0].util_percent, memory.gpus[0].temp_c) == (None, 70, 60)

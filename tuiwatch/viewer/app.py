@@ -34,8 +34,7 @@ from tuiwatch.viewer.panes.alerts import AlertsPane
 from tuiwatch.viewer.panes.base import WINDOWS, Pane, window_label
 from tuiwatch.viewer.panes.header import HeaderBar
 from tuiwatch.viewer.panes.memory import MemoryPane
-from tuiwatch.viewer.panes.metrics import MetricsPane
-from tuiwatch.viewer.panes.metrics import pages as metric_pages
+from tuiwatch.viewer.panes.metrics import MetricsPane, layout
 from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
@@ -48,7 +47,7 @@ from tuiwatch.viewer.screens.help import QUIT, HelpScreen
 from tuiwatch.viewer.screens.run_info import RunInfoScreen
 from tuiwatch.viewer.sources import RanksSource, Source
 from tuiwatch.viewer.state import ENDED, RunState, describe_action
-from tuiwatch.viewer.views import Looks, build_views, metrics_view, step_extent, zoom_span
+from tuiwatch.viewer.views import Looks, MetricCell, build_views, cursor_moved, metrics_view, step_extent, zoom_span
 from tuiwatch.viewer.widgets import FilterInput
 
 COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiwatch.tcss)
@@ -136,11 +135,11 @@ class TuiwatchApp(App[None]):
         self.ranks = RanksState(source.ranks, source.world_size) if isinstance(source, RanksSource) else None
         self._fresh_ranks: set[int] = set()  # ranks (re)connected whose first records have not come yet
         self._read: dict[int, int] = {}  # a job's replay: percent of each rank's ledger read
-        # The metrics view (m): shown or not, its filter, its page, and how many charts it had at the last draw.
+        # The metrics view (m): shown or not, its filter, its page, and its charts at the last draw.
         self.metrics_shown = False
         self.metrics_pattern = ""
         self.metrics_page = 0
-        self._metrics_count = 0
+        self._metrics_cells: tuple[MetricCell, ...] = ()
         self._pattern_before = ""  # the filter before / was pressed: what escape gives back
         # e and y: the moving average drawn over the loss (and the metrics view's lines), a log value axis.
         self.smoothing_index = SMOOTHING.index(smoothing) if smoothing in SMOOTHING else 0
@@ -361,10 +360,10 @@ class TuiwatchApp(App[None]):
                 self.metrics_pattern,
                 self.metrics_page,
                 self.looks(),
-                self.baseline.state if self.baseline is not None else None,
+                self.baseline,
                 views.ranks,
             )
-            self._metrics_count = len(metrics.cells)
+            self._metrics_cells = metrics.cells
             self.query_one(MetricsPane).view = metrics
         available = self._commands_available()
         if available != self._commands_enabled:
@@ -478,14 +477,12 @@ class TuiwatchApp(App[None]):
 
     def action_pan(self, shift: float) -> None:
         """← and →: a quarter of the steps shown earlier or later (zoomed in; the window follows the run); with
-        the cursor, the cursor by about a column of the charts (a sixtieth of the steps shown)."""
+        the cursor, the cursor to a record about a column away (:func:`cursor_moved`)."""
         extent = step_extent(self.state)
         if extent is None:
             return
         if self.cursor is not None:
-            first, last = self._shown(extent)
-            move = max(1, (last - first) // 60)
-            self.cursor = min(max(self.cursor + (move if shift > 0 else -move), first), last)
+            self.cursor = cursor_moved(self.state, self.cursor, self._shown(extent), shift > 0)
             self.redraw(force=True)
             return
         if self.zoom is None:
@@ -556,7 +553,7 @@ class TuiwatchApp(App[None]):
 
     def action_page(self, delta: int) -> None:
         pane = self.query_one(MetricsPane)
-        count = metric_pages(self._metrics_count, pane.content_region.width, pane.content_region.height)
+        count = len(layout(self._metrics_cells, pane.content_region.width, pane.content_region.height))
         self.metrics_page = min(max(self.metrics_page + delta, 0), count - 1)
         self.redraw(force=True)
 

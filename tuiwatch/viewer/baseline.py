@@ -16,6 +16,12 @@ class Baseline:
     state: RunState  # its records folded, once
     parting: Parting  # fed the watched run's records as they come
 
+    @property
+    def parted(self) -> int | None:
+        """The first step where the watched run differs from this one, once found."""
+        found = self.parting.found
+        return found.step if found is not None else None
+
     @classmethod
     def of(cls, records: Sequence[Record], label: str | None = None) -> Baseline:
         state = RunState()

@@ -51,6 +51,7 @@ class Chart:
     smooth: float = 0.0  # the weight of the moving average drawn over the lines (e), 0: none
     clip: float = 0.0  # the fraction of highest and lowest values left off the value range (o), 0: none
     cursor: int | None = None  # the step the cursor is at (.), drawn as its column
+    mark: int | None = None  # --compare: the step where the two runs part, a dotted line in the compare colour
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class TimingView:
     compute_s: float | None
     examples_per_s: float | None
     chart: Chart
+    at_step: int | None = None  # the cursor's record: the numbers are that step's
 
     @property
     def step_s(self) -> float | None:
@@ -148,6 +150,7 @@ class MemoryView:
     workers_cpu_percent: float | None
     chart_label: str
     chart: Chart
+    at_step: int | None = None  # the cursor's record: what a step or a system record kept of that step
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,7 @@ class MetricCell:
     name: str
     value: float | None
     chart: Chart
+    constant: bool = False  # every line one value all along, the same: its title line says it, no chart
 
 
 @dataclass(frozen=True)
@@ -290,6 +294,10 @@ def build_views(
         ranks_view(ranks, now or 0.0, window) if ranks is not None else None,
     )
     zoom, cursor = looks.zoom, looks.cursor
+    if cursor is not None:
+        views = dataclasses.replace(
+            views, timing=timing_at(views.timing, state, cursor), memory=memory_at(views.memory, state, cursor)
+        )
     return zoomed(views, zoom, cursor) if zoom is not None or cursor is not None else views
 
 
@@ -315,6 +323,30 @@ def step_extent(state: RunState) -> tuple[int, int] | None:
     firsts = [f for s in drawn if (f := s.first_step) is not None]
     lasts = [e for s in drawn if (e := s.end_step) is not None]
     return (min(firsts), max(lasts)) if firsts and lasts else None
+
+
+def cursor_moved(state: RunState, cursor: int, shown: tuple[int, int], forward: bool) -> int:
+    """``←``/``→`` with the cursor: to the record about a column of the charts away (a sixtieth of the steps
+    shown), and at least to the next record of the training line, so that a metric logged every 50 steps is
+    not pressed through step by step; kept within the steps shown."""
+    first, last = shown
+    move = max(1, (last - first) // 60)
+    target = cursor + move if forward else cursor - move
+    train = train_metric(state)
+    series = state.metrics[train] if train is not None else state.lr if state.lr.count else state.grad_norm
+    here, there = series.at(cursor), series.at(target)
+    if forward:
+        if there is None or (here is not None and there[0] <= here[0]):
+            following = series.after(cursor)
+            target = following if following is not None else target
+        else:
+            target = there[0]
+    elif there is not None and (here is None or there[0] < here[0]):
+        target = there[0]
+    elif here is not None:
+        earlier = series.at(here[0] - 1)
+        target = earlier[0] if earlier is not None else target
+    return min(max(target, first), last)
 
 
 def zoom_span(
@@ -438,7 +470,7 @@ def training_view(
         loss_lines.append(Line.of(state.eval_metrics[evaluation], "eval", markers=True))
     others = [n for n in state.metrics if n != train][:MAX_OTHER_METRICS]
     lr_lines, grad_lines = [Line.of(state.lr, "lr")], [Line.of(state.grad_norm, "grad")]
-    compared = None
+    compared, mark = None, None
     if baseline is not None:
         b = baseline.state
         b_train = train if train is not None and train in b.metrics else train_metric(b)
@@ -447,18 +479,19 @@ def training_view(
         lr_lines.append(Line.of(b.lr, "compare"))
         grad_lines.append(Line.of(b.grad_norm, "compare"))
         compared = f"vs {baseline.label}: {baseline.parting.said()}"
+        mark = baseline.parted
     view = TrainingView(
         train_name=train,
         train_value=latest(step, train, state.metrics[train]) if train is not None else None,
         eval_name=evaluation,
         eval_value=state.eval_metrics[evaluation].current if evaluation is not None else None,
-        loss=Chart(tuple(loss_lines), window, log=looks.log_y, smooth=looks.smooth, clip=looks.clip),
+        loss=Chart(tuple(loss_lines), window, log=looks.log_y, smooth=looks.smooth, clip=looks.clip, mark=mark),
         lr_value=lr_value,
-        lr=Chart(tuple(lr_lines), window, log=True),
+        lr=Chart(tuple(lr_lines), window, log=True, mark=mark),
         # The norm and the clipped flag of one step: a step without a norm shows none, not an older one's.
         grad_norm_value=num(step.get("grad_norm")),
         grad_norm_clipped=step.get("grad_norm_clipped") is True,
-        grad_norm=Chart(tuple(grad_lines), window, log=True),
+        grad_norm=Chart(tuple(grad_lines), window, log=True, mark=mark),
         others=tuple((n, state.metrics[n].current) for n in others),
         step_unit="optimizer steps" if state.run.get("step_per") == "optimizer" else "steps",
         compared=compared,
@@ -495,6 +528,61 @@ def timing_view(state: RunState, window: int | None) -> TimingView:
         finite(step.get("compute_s")),
         finite(step.get("examples_per_s")),
         Chart((Line.of(state.compute, "compute"), Line.of(state.data_wait, "wait")), window, unit="s"),
+    )
+
+
+def timing_at(view: TimingView, state: RunState, cursor: int) -> TimingView:
+    """The timing numbers of the record the cursor snaps to (its compute time's: every step record has one)."""
+    point = state.compute.at(cursor)
+    if point is None:
+        return dataclasses.replace(view, data_wait_s=None, compute_s=None, examples_per_s=None, at_step=cursor)
+    step = point[0]
+
+    def own(series: Series) -> float | None:
+        p = series.at(step)
+        return p[1] if p is not None and p[0] == step else None  # another step's would not add up with this one's
+
+    return dataclasses.replace(
+        view, data_wait_s=own(state.data_wait), compute_s=point[1], examples_per_s=own(state.throughput), at_step=step
+    )
+
+
+def memory_at(view: MemoryView, state: RunState, cursor: int) -> MemoryView:
+    """What the memory pane has of the cursor's step: the allocated bytes of its step record, the RSS and each
+    GPU's utilisation and memory from the system record before it. The rest (reserved, peak, CPU, workers,
+    temperature, power) is kept for the last step only and is not shown."""
+
+    def value(series: Series | None) -> float | None:
+        point = series.at(cursor) if series is not None else None
+        return point[1] if point is not None else None
+
+    allocated = state.mem_allocated.at(cursor)
+    device = view.device
+    if device is not None:
+        device = (
+            None if allocated is None else dataclasses.replace(device, allocated=allocated[1], reserved=None, peak=None)
+        )
+    gpus = tuple(
+        dataclasses.replace(
+            g,
+            util_percent=value(state.gpus.get(f"gpu{g.index} util")),
+            mem_used=value(state.gpus.get(f"gpu{g.index} memory")),
+            run_mem_used=None,
+            temp_c=None,
+            power_w=None,
+        )
+        for g in view.gpus
+    )
+    step = allocated[0] if allocated is not None else cursor
+    return dataclasses.replace(
+        view,
+        device=device,
+        gpus=gpus,
+        cpu_percent=None,
+        rss=value(state.rss),
+        workers=None,
+        workers_cpu_percent=None,
+        at_step=step,
     )
 
 
@@ -607,11 +695,11 @@ def metrics_view(
     pattern: str = "",
     page: int = 0,
     looks: Looks = Looks(),
-    baseline: RunState | None = None,
+    baseline: Baseline | None = None,
     ranks: RanksView | None = None,
 ) -> MetricsView:
     """Every numeric series the run has, a chart each (:func:`named_series`); with ``baseline`` (``--compare``),
-    that run's series of the same name drawn in the same chart.
+    that run's series of the same name drawn in the same chart, and the step where the runs part marked.
 
     The charts share one step axis (the run's steps, or the window's, the
     baseline's included), so a step is at the same column in every chart.
@@ -619,7 +707,8 @@ def metrics_view(
     chart on a log scale.
     """
     named = named_series(state)
-    other = {n.name: n.series for n in named_series(baseline)} if baseline is not None else {}
+    other = {n.name: n.series for n in named_series(baseline.state)} if baseline is not None else {}
+    mark = baseline.parted if baseline is not None else None
     drawn = [n.series for n in named] + [other[n.name] for n in named if n.name in other]
     ends = [e for s in drawn if (e := s.end_step) is not None]
     firsts = [f for s in drawn if (f := s.first_step) is not None]
@@ -640,12 +729,15 @@ def metrics_view(
         if cursor is not None:
             point = n.series.at(cursor)
             value = None if point is None else point[1]
-        chart = Chart(tuple(lines), window, n.log or log_y, n.unit, span, smooth, clip, cursor)
-        cells.append(MetricCell(n.name, value, chart))
+        chart = Chart(tuple(lines), window, n.log or log_y, n.unit, span, smooth, clip, cursor, mark)
+        constant = all(line.series.constant for line in lines) and len({line.series.current for line in lines}) == 1
+        cells.append(MetricCell(n.name, value, chart, constant))
     # A job: what differs between its ranks over steps, a line per rank (the ranks the ranks pane charts).
     by_rank = [("data_wait_s by rank", ranks.wait), ("memory by rank", ranks.memory)] if ranks is not None else []
     for name, per_rank in by_rank:
         if per_rank is not None and per_rank.lines and matches(name, pattern):
-            chart = dataclasses.replace(per_rank, span=span, smooth=smooth, clip=clip, cursor=cursor, log=log_y)
+            chart = dataclasses.replace(
+                per_rank, span=span, smooth=smooth, clip=clip, cursor=cursor, log=log_y, mark=mark
+            )
             cells.append(MetricCell(name, None, chart))
     return MetricsView(tuple(cells), len(named) + len(by_rank), pattern, page)

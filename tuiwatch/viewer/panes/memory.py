@@ -77,6 +77,8 @@ class MemoryPane(Pane):
         dim = self.style_of("dim")
         width = self.content_region.width
         rows: list[Text] = []
+        if v.at_step is not None:  # the cursor's step: what was kept of it (docs/viewer.md)
+            rows.append(Text(f"@ step {v.at_step:,}", style="reverse", no_wrap=True))
         d = v.device
         if d is not None and d.total is None:
             rows.append(

@@ -3,7 +3,7 @@ time, filtered by name."""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -25,9 +25,28 @@ def grid_shape(width: int, height: int) -> tuple[int, int]:
     return columns, max(1, (height - 1) // CELL_HEIGHT)
 
 
-def pages(count: int, width: int, height: int) -> int:
-    columns, rows = grid_shape(width, height)
-    return max(1, math.ceil(count / (columns * rows)))
+Band = tuple[MetricCell, ...]  # a row of the grid: charts side by side, or constants' one-line cells
+
+
+def layout(cells: Sequence[MetricCell], width: int, height: int) -> list[list[Band]]:
+    """The pages of the grid: its charts in rows of as many as fit, then the constant series, each one line (a
+    chart of one value says nothing its title does not), as many across as charts are; a page holds the rows
+    that fit in ``height`` (one line is the pane's own), at least one."""
+    columns, _ = grid_shape(width, height)
+    charts = [c for c in cells if not c.constant]
+    constants = [c for c in cells if c.constant]
+    bands = [tuple(charts[i : i + columns]) for i in range(0, len(charts), columns)]
+    bands += [tuple(constants[i : i + columns]) for i in range(0, len(constants), columns)]
+    pages: list[list[Band]] = [[]]
+    room = height - 1
+    for band in bands:
+        need = 1 if band[0].constant else CELL_HEIGHT
+        if pages[-1] and need > room:
+            pages.append([])
+            room = height - 1
+        pages[-1].append(band)
+        room -= need
+    return pages
 
 
 class MetricsPane(Pane):
@@ -54,11 +73,10 @@ class MetricsPane(Pane):
         if v is None:
             return Text("")
         width, height = self.content_region.width, self.content_region.height
-        columns, rows = grid_shape(width, height)
-        per_page = columns * rows
-        count = pages(len(v.cells), width, height)
+        columns, _ = grid_shape(width, height)
+        paged = layout(v.cells, width, height)
+        count = len(paged)
         page = min(max(v.page, 0), count - 1)
-        shown = v.cells[page * per_page : (page + 1) * per_page]
         dim = self.style_of("dim")
         said = f"{len(v.cells)} of {v.total} metrics" if v.pattern else f"{v.total} metrics"
         window = v.cells[0].chart.window if v.cells else None
@@ -71,13 +89,13 @@ class MetricsPane(Pane):
             [("  / filter  m back", dim)],
         )
         lines: list[Text] = [status]
-        if not shown:
+        if not v.cells:
             lines.append(Text("no metric matches the filter" if v.pattern else "no metrics yet", style=dim))
             return Group(*lines)
         cell_width = (width - GAP * (columns - 1)) // columns
-        for start in range(0, len(shown), columns):
-            drawn = [self._cell(cell, cell_width) for cell in shown[start : start + columns]]
-            for i in range(CELL_HEIGHT):
+        for band in paged[page]:
+            drawn = [self._cell(cell, cell_width) for cell in band]
+            for i in range(max(len(d) for d in drawn)):
                 line = Text(no_wrap=True, overflow="crop")
                 for j, cell_lines in enumerate(drawn):
                     if j:
@@ -96,8 +114,9 @@ class MetricsPane(Pane):
             width,
             [(safe(cell.name, width - 12) + " ", self.style_of(role))],
             [(value, self.value_style(cell.value))],
+            [(" constant", self.style_of("dim"))] if cell.constant else [],
         )
-        return [title, *self.draw(cell.chart, width, CELL_HEIGHT - 1)]
+        return [title] if cell.constant else [title, *self.draw(cell.chart, width, CELL_HEIGHT - 1)]
 
     def on_click(self, event: events.Click) -> None:
         """A click on a chart puts the cursor at the step under it (every chart here has the same steps)."""

@@ -7,7 +7,7 @@ from rich.text import Text
 from textual.reactive import reactive
 
 from tuiwatch.analysis.format import number, seconds_short
-from tuiwatch.viewer.panes.base import Pane, fitted
+from tuiwatch.viewer.panes.base import Pane, Piece, fitted
 from tuiwatch.viewer.views import TimingView
 
 
@@ -31,9 +31,11 @@ class TimingPane(Pane):
             return Text("")
         wait, compute = v.data_wait_s, v.compute_s
         width = self.content_region.width
+        at: list[Piece] = [(f"@ {v.at_step:,} ", "reverse")] if v.at_step is not None else []  # the cursor's step
         rows = [
             fitted(
                 width,
+                at,
                 [
                     ("wait ", self.style_of("wait")),
                     ("not measured" if wait is None and compute is not None else seconds_short(wait), ""),

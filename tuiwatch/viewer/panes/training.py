@@ -75,7 +75,12 @@ class TrainingPane(Pane):
         # Narrow: a chosen window (not "all") is worth more than the eval value beside the train loss.
         rank = (0, 2, 1, 3) if v.loss.window is not None else (0, 1, 2, 3)
         compared: list[Piece] = [(f"   {safe(v.compared, 60)}", self.style_of("compare"))] if v.compared else []
-        line = fitted(width, train, evaluation, window, tags, compared, rank=(*rank, 4))
+        compared_rank = 4
+        if compared and v.loss.mark is not None and used + cell_len(compared[0][0]) > width:
+            # Narrow: where the runs part (the dotted line's step) comes before the eval value and the window.
+            compared = [(f"  ┊ parts at {v.loss.mark:,}", self.style_of("compare"))]
+            compared_rank = 0
+        line = fitted(width, train, evaluation, window, tags, compared, rank=(*rank, compared_rank))
         rows = [line, *self.draw(v.loss, width, loss_h)]
         lr_value = [(number(v.lr_value), self.value_style(v.lr_value))]
         constant = [(" constant", self.style_of("dim"))] if v.lr_constant else []

@@ -20,6 +20,7 @@ from tuiwatch.analysis.format import fit
 from tuiwatch.viewer.render.series import Column, Series
 
 _BRAILLE = 0x2800
+_BLANK = chr(_BRAILLE)  # a cell without dots
 # Dot bits of a braille cell, by (column 0..1, row 0..3) from the top left.
 _DOT = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 LABEL_WIDTH = 8  # seven characters of value, then the axis
@@ -262,6 +263,14 @@ def window_span(first: int, last: int, window: int | None) -> tuple[int, int]:
     return (first if window is None else max(last - window + 1, first)), last
 
 
+def cell_of(step: int | None, steps: tuple[int, int], cells: int) -> int | None:
+    """The cell of a chart ``cells`` wide over ``steps`` that ``step`` is drawn in, None off the chart."""
+    if step is None or not steps[0] <= step <= steps[1]:
+        return None
+    scale = (cells * 2 - 1) / (steps[1] - steps[0]) if steps[1] > steps[0] else 0.0
+    return int((step - steps[0]) * scale + 0.5) >> 1
+
+
 def chart(
     traces: Sequence[Trace],
     width: int,
@@ -272,6 +281,8 @@ def chart(
     span: tuple[int, int] | None = None,
     clip: float = 0.0,
     cursor: int | None = None,
+    mark: int | None = None,
+    mark_style: Style | str = "dim",
 ) -> list[Text]:
     """A chart as ``height`` rows of styled text: value labels on the left, the step axis on the last row.
 
@@ -283,7 +294,9 @@ def chart(
     that fraction of the highest and the lowest values off the value range
     (:func:`bounds`); a cell with a value above the chart says ``↑`` in its
     top row, one below it ``↓`` in its bottom row. ``cursor`` (a step) is
-    drawn as its column in reverse video.
+    drawn as its column in reverse video. ``mark`` (a step: where a compared
+    run parts) is a dotted vertical line in ``mark_style`` through the cells
+    of its column that have no dots, so that it hides no point.
     """
     if height < 1 or width <= LABEL_WIDTH + 2:
         return []
@@ -291,7 +304,7 @@ def chart(
     steps = span if span is not None and any(t.series.count for t in traces) else step_range(traces, window)
     plot_h = height - 1 if height >= 3 else height
     p = None
-    styles = [t.style for t in traces]
+    styles: list[Style | str] = [t.style for t in traces]
     if steps is not None:
         columns = [t.series.columns(steps[0], steps[1], cells * 2) for t in traces]
         markers = [t.markers for t in traces]
@@ -309,10 +322,12 @@ def chart(
         empty = "(no positive values)" if log and any(t.series.count for t in traces) else "(no data yet)"
         said = next(t for t in (" " * LABEL_WIDTH + empty, empty, "no data", "-") if len(t) <= width)
         return [Text(said, style="dim", no_wrap=True)] + [Text("")] * (height - 1)
-    at = None  # the cursor's cell
-    if cursor is not None and steps[0] <= cursor <= steps[1]:
-        scale = (cells * 2 - 1) / (steps[1] - steps[0]) if steps[1] > steps[0] else 0.0
-        at = int((cursor - steps[0]) * scale + 0.5) >> 1
+    at, marked = cell_of(cursor, steps, cells), cell_of(mark, steps, cells)
+    if marked is not None:
+        styles.append(mark_style)
+        for row in p.rows:
+            if row[marked][0] == _BLANK:
+                row[marked] = ("┊", len(styles) - 1)
     rows = []
     for label, row in zip(axis_labels(p, plot_h, unit), p.rows, strict=True):
         # The label is dim; the line keeps its own colour (a dim base style would dim it too).

@@ -115,6 +115,16 @@ class Series:
         i = max(bisect.bisect_right(buckets, step, key=lambda b: b.last) - 1, 0)
         return buckets[i].last, buckets[i].value
 
+    def after(self, step: int) -> int | None:
+        """The step of the first point kept after ``step`` (as :meth:`at` reads them: further back than the last
+        ``recent``, a bucket's last), None past the last."""
+        recent, buckets = self.recent, self.buckets
+        if recent and step >= recent[0][0]:
+            i = bisect.bisect_right(recent, step, key=lambda p: p[0])
+            return recent[i][0] if i < len(recent) else None
+        i = bisect.bisect_right(buckets, step, key=lambda b: b.last)
+        return buckets[i].last if i < len(buckets) else None
+
     def columns(self, start: int, end: int, dots: int) -> list[Column]:
         """The points in steps ``start`` .. ``end``, as at most ``dots`` columns placed on that shared axis.
 
