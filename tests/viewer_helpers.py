@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import html
+import re
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +76,23 @@ async def ranks_stepping(pilot: Pilot[Any], app: TuiwatchApp, past: int = 5) -> 
     assert ranks is not None
     await until(pilot, lambda: all((s.step or 0) > past for s in ranks.ranks.values()), 60, "every rank's steps")
     return ranks
+
+
+_SVG_TEXT = re.compile(r'<text class="[^"]*" x="([\d.]+)" y="([\d.]+)" textLength="([\d.]+)"[^>]*>([^<]*)</text>')
+
+
+def screen_text(app: TuiwatchApp) -> list[str]:
+    """The whole screen as lines of text, read back from the SVG screenshot Textual draws (the panes, the
+    dialogs over them, the borders and the footer: what the terminal shows)."""
+    rows: dict[float, list[tuple[float, str]]] = defaultdict(list)
+    svg = app.export_screenshot()
+    for x, y, _length, text in _SVG_TEXT.findall(svg):
+        rows[float(y)].append((float(x), html.unescape(text).replace("\xa0", " ")))
+    cell = 20 * 0.61  # Rich's export_svg: a cell is 20 px high and 0.61 of that wide
+    lines = []
+    for y in sorted(rows):
+        line = ""
+        for x, text in sorted(rows[y]):
+            line = line.ljust(round(x / cell)) + text
+        lines.append(line)
+    return lines

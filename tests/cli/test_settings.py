@@ -27,7 +27,7 @@ def test_each_bad_setting_is_one_line_and_its_default(tmp_path: Path, capsys: py
     assert load_settings(path) == Settings()
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 6
-    assert lines[0] == f"tuiwatch: {path}: theme = 'neon' is not dark, light, ansi; using the default"
+    assert lines[0] == f"tuiwatch: {path}: theme = 'neon' is not dark, light, ansi, ascii; using the default"
     assert "fps = 1000 is not a number from 0.5 to 60" in lines[1]
     assert "unknown setting 'colour'" in lines[5]
 

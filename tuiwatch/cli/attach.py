@@ -66,7 +66,8 @@ def add_fps_option(p: Any) -> None:
         "--theme",
         choices=list(THEMES),
         default=None,
-        help="colours: dark (default), light, or ansi (the terminal's own 16 colours, for a poor terminal)",
+        help="colours: dark (default), light, ansi (the terminal's own 16 colours, for a poor terminal), or ascii "
+        "(those, and only ASCII characters: no braille, no box drawing)",
     )
     p.add_argument(
         "--fps",

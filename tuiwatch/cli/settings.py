@@ -2,7 +2,7 @@
 
 ``$XDG_CONFIG_HOME/tuiwatch/config.toml`` (default ``~/.config/tuiwatch/config.toml``)::
 
-    theme = "dark"     # dark, light, or ansi (the terminal's own 16 colours)
+    theme = "dark"     # dark, light, ansi (the terminal's own 16 colours) or ascii (and ASCII only)
     fps = 4            # frames a second at most, 0.5 to 60
     window = "all"     # the charts' window at start: all, 1000 or 100 steps
     smoothing = 0      # the loss's moving average at start: 0, 0.6, 0.9 or 0.99

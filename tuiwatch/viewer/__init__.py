@@ -9,5 +9,6 @@ DEFAULT_FPS = 4.0
 # What ``e`` cycles the loss's moving average through (0: off), as TensorBoard's smoothing; the config file's
 # ``smoothing`` is one of them.
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)
-# ``--theme`` and the config file's ``theme``: Textual's theme for each (ansi: the terminal's own 16 colours).
-THEMES = {"dark": "textual-dark", "light": "textual-light", "ansi": "ansi-dark"}
+# ``--theme`` and the config file's ``theme``: Textual's theme for each (ansi: the terminal's own 16 colours;
+# ascii: those, and no character outside ASCII: no braille, no box drawing).
+THEMES = {"dark": "textual-dark", "light": "textual-light", "ansi": "ansi-dark", "ascii": "ansi-dark"}

@@ -8,6 +8,7 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from textual import events
 from textual.app import App, ComposeResult
@@ -39,6 +40,7 @@ from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.ranks import RanksState
+from tuiwatch.viewer.render.ascii import ascii_only
 from tuiwatch.viewer.render.chart import window_span
 from tuiwatch.viewer.run_info import run_info
 from tuiwatch.viewer.screens.alert import AlertScreen
@@ -112,7 +114,8 @@ class TuiwatchApp(App[None]):
         smoothing: float = 0.0,
     ):
         super().__init__()
-        self.theme_name = theme  # dark, light or ansi (THEMES), set on mount
+        self.theme_name = theme  # dark, light, ansi or ascii (THEMES), set on mount
+        self.ascii_only = theme == "ascii"  # what the panes, the header and the dialogs draw (widgets.AsciiSafe)
         self.baseline = baseline  # --compare: another run drawn beside this one
         self.bell_on = bell
         self._rung: set[tuple[object, ...]] = set()  # the critical alerts rung for, across reconnects
@@ -147,6 +150,11 @@ class TuiwatchApp(App[None]):
         self.clip = False  # o: the loss's (and the metrics') highest and lowest 1% left off the value range
         self.zoom: tuple[int, int] | None = None  # + - ← →: the steps every chart shows (None: follow the window)
         self.cursor: int | None = None  # .: the step whose values every chart shows (← → move it)
+
+    def notify(self, message: str, *, title: str = "", **kwargs: Any) -> None:
+        if self.ascii_only:
+            message, title = ascii_only(message), ascii_only(title)
+        super().notify(message, title=title, **kwargs)
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""
