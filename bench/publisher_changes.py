@@ -41,6 +41,7 @@ from tuiwatch.publisher.hooks import ModelHooks
 from tuiwatch.publisher.measure import BatchInfo, _shape_and_tensors, total_norm
 from tuiwatch.publisher.pending import MAX_RECORD_IDS, _batch_totals, _is_finite, ids_digest
 from tuiwatch.publisher.watch import Watch
+from tuiwatch.rules.loss import LossChance
 from tuiwatch.rules.optimizer import LrZero
 
 Row = tuple[str, float, float, str, str]  # change, old µs, new µs, thread, method
@@ -225,6 +226,38 @@ STEP_RECORD = {
 }  # fmt: skip
 
 
+class OldLossChance(LossChance):
+    """loss-chance before: while active, the losses since it fired copied and sorted at every step record."""
+
+    def clears(self, record: Any) -> bool:
+        chance = self._push(record)
+        if chance is None:
+            return False
+        since = list(self.recent)[-max(self.since_fired, self.jump) :]
+        return statistics.median(since) < (1 - 2 * self.tolerance) * chance
+
+
+def at_chance(n: int) -> list[dict[str, Any]]:
+    """Step records of a classifier that never learns (its loss at ln 2): loss-chance fires at 199 and stays."""
+    noise = [math.sin(i * 12.9898) * 0.01 for i in range(n)]
+    return [
+        {"kind": "step", "step": i, "loss": math.log(2) + noise[i], "lr": [0.1], "grad_norm": 1.0, "classes": 2}
+        for i in range(n)
+    ]
+
+
+def loss_chance_row(rounds: int) -> Row:
+    records = at_chance(1000)
+
+    def feed(rule: LossChance) -> None:
+        for r in records:
+            rule.observe(r)
+
+    old, new = alternating(lambda: feed(OldLossChance()), lambda: feed(LossChance()), rounds, 5)
+    method = "1,000 step records at chance (active from 199), a fresh rule each pass"
+    return ("loss-chance: the losses since it fired kept sorted", old / 1000, new / 1000, "publisher", method)
+
+
 def captured_steps(n: int) -> list[Any]:
     """The StepStates a default Watch hands its publisher thread over ``n`` steps of the tiny MLP."""
     model, opt, data = tiny()
@@ -381,6 +414,7 @@ def main() -> None:
     step = {"kind": "step", "opt_step": 1, "lr": lr}
     old, new = alternating(lambda: old_lr_zero(rule_old, lr), lambda: rule_new._zero(step), args.rounds, 20000)
     rows.append(("lr-zero: an unchanged lr list answered from the last answer", old, new, "publisher", "tight loop"))
+    rows.append(loss_chance_row(args.rounds))
     model, _, _ = tiny()
     params = list(model.parameters())
     calls = [0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.records import Record
 from tuiwatch.rules import REGISTRY, Diagnosis, thresholds
+from tuiwatch.rules.loss import LossChance
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 FINITE = {"batch": True, "forward": True, "loss": True, "grad": True, "param": True}
@@ -221,6 +223,41 @@ def test_loss_chance_sees_chance_once_a_low_loss_has_left_its_window():
     records += [step(i, loss=math.log(2) + rng.gauss(0, 0.01)) for i in range(5, 300)]
     alerts = Diagnosis(["loss-chance"]).run(records)
     assert [(a["step"], "loss_median" in a["evidence"]) for a in alerts] == [(199, True)]
+
+
+def test_loss_chance_clears_when_the_median_since_it_fired_falls_and_keeps_those_losses_sorted_meanwhile():
+    # At chance for 150 steps after it fires (the window of 100 full and sliding), NaNs among them, then
+    # learning: it clears at the step where the median of the losses since it fired drops under the floor.
+    rng = random.Random(4)  # noqa: S311 - reproducible noise, not a secret
+    losses = [math.log(2) + rng.gauss(0, 0.02) for _ in range(350)]
+    losses[260] = math.nan
+    losses += [0.1 + 0.01 * rng.random() for _ in range(200)]
+    records = [step(i, loss=v, classes=2) for i, v in enumerate(losses)]
+    rule = LossChance()
+    said: list[tuple[Any, Any]] = []
+    for record in records:
+        alert = rule.observe(record)
+        if alert is not None:
+            said.append((alert["severity"], alert["step"]))
+        if rule.active and rule.since is not None:  # what clears reads: the losses since it fired, sorted
+            suffix = list(rule.recent)[-max(rule.since_fired, rule.jump) :]
+            assert rule.since == sorted(suffix)
+    # The reference: the first step after firing where the median of the finite losses since then (at least
+    # jump, at most the window's 100) is under (1 - 2 x 0.1) ln 2.
+    finite = [(i, v) for i, v in enumerate(losses) if math.isfinite(v)]
+    fired_at: int = said[0][1]
+    since = [v for i, v in finite if i <= fired_at][-4:]
+    cleared = None
+    for i, v in finite:
+        if i <= fired_at:
+            continue
+        since = ([*since, v] if len(since) < 100 else [*since[1:], v]) if i > fired_at + 4 else [*since[1:], v]
+        if statistics.median(since) < 0.8 * math.log(2):
+            cleared = i
+            break
+    assert said == [("warning", 199), ("info", cleared)]
+    assert cleared is not None
+    assert cleared > 350
 
 
 def test_loss_spike_fires_on_one_bad_batch_and_not_on_a_noisy_loss():

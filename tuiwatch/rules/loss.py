@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -96,6 +97,9 @@ class LossChance(Rule):
         self.seen = 0
         self.since_fired = 0
         self.low = math.inf  # a lower bound of the window's least loss (exact after each full look)
+        # While an episode is active: the losses since it fired (``clears``), kept sorted as they come, so that
+        # their median is read, not sorted, at every step of a run that stays at chance.
+        self.since: list[float] | None = None
         self.last_lr: float | None = None
         self.peak_lr = 0.0
         self.since_rise = 0  # steps with a known lr since it last rose
@@ -104,12 +108,15 @@ class LossChance(Rule):
         top = top_lr(record)
         if top is None:
             return
-        self.since_rise = 0 if self.last_lr is not None and top > self.last_lr else self.since_rise + 1
+        last = self.last_lr
+        self.since_rise = 0 if last is not None and top > last else self.since_rise + 1
         self.last_lr = top
-        self.peak_lr = max(self.peak_lr, top)
+        if top > self.peak_lr:
+            self.peak_lr = top
 
     def _push(self, record: Record) -> float | None:
         """The chance-level loss ln(C), once this record's loss is in the window and C is known."""
+        # Runs for every step record, on the training process's publisher thread: plain tests, no min()/max().
         if self.classes is None and integer(record.get("classes")) is not None:
             self.classes = record["classes"]
             self.source = "the model's output (its logits' last dimension, or a 2-D output's width)"
@@ -117,16 +124,22 @@ class LossChance(Rule):
         loss = num(record.get("loss"))
         if loss is None or not math.isfinite(loss):
             return None
-        self.recent.append(loss)
+        recent, since = self.recent, self.since
+        dropped = recent[0] if since is not None and len(recent) == recent.maxlen else None
+        recent.append(loss)
         self.steps.append(record.get("step"))
         norm = num(record.get("grad_norm"))
         self.grads.append(0.0 if norm is None else norm if math.isfinite(norm) else math.inf)  # 0.0: not recorded
         self.seen += 1
         self.since_fired += 1
-        self.low = min(self.low, loss)
-        if self.classes is None or self.classes < 2:
+        if loss < self.low:
+            self.low = loss
+        if since is not None:
+            self._slide(since, loss, dropped)
+        classes = self.classes
+        if classes is None or classes < 2:
             return None
-        return math.log(self.classes)
+        return math.log(classes)
 
     def _settled(self) -> bool:
         """Enough steps, and no lr still rising (a warm-up): a loss near chance would be a fault."""
@@ -205,12 +218,32 @@ class LossChance(Rule):
             "the labels (shuffled? misaligned? a new shard?), the output/loss contract (an extra softmax?), the lr",
         )
 
+    def _suffix(self) -> int:
+        """How many of the last losses ``clears`` looks at: those since the alert, at least ``jump``."""
+        return min(max(self.since_fired, self.jump), len(self.recent))
+
+    def _slide(self, since: list[float], loss: float, dropped: float | None) -> None:
+        """``since`` after ``loss`` came (and ``dropped`` left the full window): the sorted last :meth:`_suffix`.
+        The suffix grows by this loss or slides by one (it never shrinks): at most one loss leaves it."""
+        bisect.insort(since, loss)
+        if len(since) > self._suffix():
+            # The oldest of the suffix before this loss: the window's dropped one, or the one just before it.
+            oldest = dropped if dropped is not None and len(since) > len(self.recent) else self.recent[-len(since)]
+            del since[bisect.bisect_left(since, oldest)]
+
     def clears(self, record: Record) -> bool:
+        if self.since is None:
+            self.since = sorted(list(self.recent)[-self._suffix() :]) if self.recent else []
         chance = self._push(record)
         if chance is None:
             return False
-        since = list(self.recent)[-max(self.since_fired, self.jump) :]
-        return statistics.median(since) < (1 - 2 * self.tolerance) * chance
+        since = self.since
+        n = len(since)
+        median = since[n // 2] if n % 2 else (since[n // 2 - 1] + since[n // 2]) / 2  # as statistics.median
+        cleared = median < (1 - 2 * self.tolerance) * chance
+        if cleared:
+            self.since = None
+        return cleared
 
 
 class LossSpike(Rule):
