@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from tuiwatch.viewer.panes.metrics import MetricsPane, grid_shape
+from tuiwatch.viewer.panes.metrics import MetricsPane, grid_shape, layout
 from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.sources import FileSource
 from tuiwatch.viewer.state import RunState
-from tuiwatch.viewer.views import matches, metrics_view
+from tuiwatch.viewer.views import Chart, MetricCell, matches, metrics_view
 from tuiwatch.viewer.widgets import FilterInput
 
 from ..viewer_helpers import FIXED_NOW, RecordingApp, drawn, plain, shown, until, write_ledger
@@ -89,6 +89,15 @@ def test_the_grid_fits_the_pane():
     assert grid_shape(76, 20) == (2, 2)
     assert grid_shape(196, 56) == (6, 7)
     assert grid_shape(20, 5) == (1, 1)  # never none
+
+
+def test_constant_series_are_one_line_each_after_the_charts_and_pages_hold_what_fits():
+    chart = Chart((), None)
+    cells = [MetricCell(f"c{i}", 1.0, chart, constant=i % 3 == 0) for i in range(9)]  # c0 c3 c6 constant
+    pages = layout(cells, 76, 16)  # 2 charts across; 15 rows under the status line: 2 rows of charts, then 1
+    names = [[[c.name for c in band] for band in page] for page in pages]
+    assert names == [[["c1", "c2"], ["c4", "c5"]], [["c7", "c8"], ["c0", "c3"], ["c6"]]]
+    assert len(layout(cells[:1], 76, 3)) == 1  # a page always holds its first row, whatever the height
 
 
 async def test_m_shows_every_metric_and_the_filter_and_pages_work():

@@ -573,7 +573,9 @@ def memory_at(view: MemoryView, state: RunState, cursor: int) -> MemoryView:
         )
         for g in view.gpus
     )
-    step = allocated[0] if allocated is not None else cursor
+    # The step the cursor snaps to: its step record's (on the CPU, with no allocated bytes, the timing's).
+    snapped = allocated or state.compute.at(cursor)
+    step = snapped[0] if snapped is not None else cursor
     return dataclasses.replace(
         view,
         device=device,
