@@ -41,8 +41,8 @@ def test_every_character_becomes_ascii_as_wide():
 
 
 async def test_the_ascii_theme_draws_the_dark_theme_s_screen_in_ascii():
-    """Every line of every screen (the panes with a cursor and clipping, the metrics view, help, an alert) is
-    the dark theme's line made ASCII: nothing moves, nothing is left out."""
+    """Every line of every screen (the panes with a cursor and clipping, the metrics view, an alert's dialog,
+    the footer) is the dark theme's line made ASCII: nothing moves, nothing is left out."""
 
     async def screens(theme: str) -> list[list[str]]:
         app = RecordingApp(FileSource(LEDGERS / "alerts.jsonl"), clock=lambda: FIXED_NOW, theme=theme)
@@ -70,7 +70,7 @@ async def test_the_ascii_theme_draws_the_dark_theme_s_screen_in_ascii():
     assert any("esc: close" in line for line in plain[2]), "the alert's own screen"
 
 
-async def test_the_help_dialog_in_ascii_has_no_scrollbar_of_block_characters():
+async def test_a_dialog_taller_than_the_terminal_is_ascii_its_scrollbar_too():
     app = RecordingApp(FileSource(LEDGERS / "alerts.jsonl"), clock=lambda: FIXED_NOW, theme="ascii")
     async with app.run_test(size=(100, 30)) as pilot:  # shorter than the help: its screen scrolls
         await until(pilot, shown(app, "failed"))

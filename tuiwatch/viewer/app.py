@@ -6,15 +6,15 @@ import itertools
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.filter import LineFilter
 from textual.notifications import SeverityLevel
 from textual.widgets import Footer, Input
 
@@ -40,7 +40,6 @@ from tuiwatch.viewer.panes.ranks import RanksPane
 from tuiwatch.viewer.panes.timing import TimingPane
 from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.ranks import RanksState
-from tuiwatch.viewer.render.ascii import ascii_only
 from tuiwatch.viewer.render.chart import window_span
 from tuiwatch.viewer.run_info import run_info
 from tuiwatch.viewer.screens.alert import AlertScreen
@@ -50,7 +49,7 @@ from tuiwatch.viewer.screens.run_info import RunInfoScreen
 from tuiwatch.viewer.sources import RanksSource, Source
 from tuiwatch.viewer.state import ENDED, RunState, describe_action
 from tuiwatch.viewer.views import Looks, MetricCell, build_views, cursor_moved, metrics_view, step_extent, zoom_span
-from tuiwatch.viewer.widgets import FilterInput
+from tuiwatch.viewer.widgets import AsciiFilter, FilterInput
 
 COMPACT_BELOW_ROWS = 24  # a shorter terminal gets the compact side column (tuiwatch.tcss)
 # With a ranks pane the memory pane needs this many rows more; a shorter terminal leaves it out (each rank's
@@ -115,7 +114,8 @@ class TuiwatchApp(App[None]):
     ):
         super().__init__()
         self.theme_name = theme  # dark, light, ansi or ascii (THEMES), set on mount
-        self.ascii_only = theme == "ascii"  # what the panes, the header and the dialogs draw (widgets.AsciiSafe)
+        self.ascii_only = theme == "ascii"  # every line drawn made ASCII (widgets.AsciiFilter)
+        self._ascii = AsciiFilter()
         self.baseline = baseline  # --compare: another run drawn beside this one
         self.bell_on = bell
         self._rung: set[tuple[object, ...]] = set()  # the critical alerts rung for, across reconnects
@@ -151,10 +151,9 @@ class TuiwatchApp(App[None]):
         self.zoom: tuple[int, int] | None = None  # + - ← →: the steps every chart shows (None: follow the window)
         self.cursor: int | None = None  # .: the step whose values every chart shows (← → move it)
 
-    def notify(self, message: str, *, title: str = "", **kwargs: Any) -> None:
-        if self.ascii_only:
-            message, title = ascii_only(message), ascii_only(title)
-        super().notify(message, title=title, **kwargs)
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        filters = super().get_line_filters()
+        return [*filters, self._ascii] if self.ascii_only else filters
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""

@@ -9,10 +9,10 @@ from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.message import Message
+from textual.widget import Widget
 
 from tuiwatch.viewer.render.chart import LABEL_WIDTH, Trace, chart, step_range
 from tuiwatch.viewer.views import Chart
-from tuiwatch.viewer.widgets import AsciiSafe
 
 WINDOWS: tuple[int | None, ...] = (None, 1000, 100)
 
@@ -60,7 +60,7 @@ def step_at(c: Chart, width: int, x: int) -> int | None:
     return min(round(first + dot * (last - first) / max(cells * 2 - 1, 1)), last)
 
 
-class Pane(AsciiSafe, can_focus=True):
+class Pane(Widget, can_focus=True):
     """A pane: the app sets its ``view`` (a reactive, frozen dataclass); it redraws only when that changes.
 
     Colours are component classes (``pane--<role>``) styled in tuiwatch.tcss,

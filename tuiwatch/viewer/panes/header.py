@@ -5,11 +5,11 @@ from __future__ import annotations
 from rich.style import Style
 from rich.text import Text
 from textual.reactive import reactive
+from textual.widget import Widget
 
 from tuiwatch.analysis.format import duration, safe
 from tuiwatch.viewer.panes.base import Piece, fitted
 from tuiwatch.viewer.views import HeaderView
-from tuiwatch.viewer.widgets import AsciiSafe
 
 STATUSES = ("live", "paused", "degraded", "connecting", "disconnected", "finished", "stopped", "failed")
 
@@ -28,7 +28,7 @@ def status_text(v: HeaderView) -> tuple[str, str]:
     return v.status, v.status
 
 
-class HeaderBar(AsciiSafe):
+class HeaderBar(Widget):
     COMPONENT_CLASSES = {
         "header--title",
         "header--name",

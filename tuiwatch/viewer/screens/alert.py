@@ -5,11 +5,12 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
+from textual.widgets import Static
 
 from tuiwatch.analysis.format import safe
 from tuiwatch.viewer.views import AlertRow
-from tuiwatch.viewer.widgets import Said, ScrollingDialog
 
 
 def alert_text(row: AlertRow) -> Text:
@@ -46,9 +47,9 @@ class AlertScreen(ModalScreen[None]):
         self.row = row
 
     def compose(self) -> ComposeResult:
-        with ScrollingDialog(id="info"):
-            yield Said(alert_text(self.row))
-            yield Said(Text("esc: close", style="dim"))
+        with VerticalScroll(id="info"):
+            yield Static(alert_text(self.row))
+            yield Static(Text("esc: close", style="dim"))
 
     def action_close(self) -> None:
         self.dismiss(None)

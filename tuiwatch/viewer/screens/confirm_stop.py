@@ -5,10 +5,11 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Vertical
 from textual.screen import ModalScreen
+from textual.widgets import Static
 
 from tuiwatch.analysis.format import safe
-from tuiwatch.viewer.widgets import Dialog, Said
 
 
 class ConfirmStop(ModalScreen[bool]):
@@ -19,9 +20,9 @@ class ConfirmStop(ModalScreen[bool]):
         self.run_name = name
 
     def compose(self) -> ComposeResult:
-        with Dialog(id="dialog"):
-            yield Said(Text(f"Stop run {safe(self.run_name, 40)}?", style="bold"))
-            yield Said(Text("It ends at the next step boundary.  y: stop   n / esc: cancel"))
+        with Vertical(id="dialog"):
+            yield Static(Text(f"Stop run {safe(self.run_name, 40)}?", style="bold"))
+            yield Static(Text("It ends at the next step boundary.  y: stop   n / esc: cancel"))
 
     def action_answer(self, answer: bool) -> None:
         self.dismiss(answer)

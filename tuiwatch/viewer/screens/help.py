@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Vertical
 from textual.screen import ModalScreen
-
-from tuiwatch.viewer.widgets import Dialog, Said
+from textual.widgets import Static
 
 HELP = """\
 c   checkpoint: the run writes a checkpoint and a dump of the batch, and goes on
@@ -41,9 +41,9 @@ class HelpScreen(ModalScreen[None]):
         self.quit_does = quit_does
 
     def compose(self) -> ComposeResult:
-        with Dialog(id="dialog"):
-            yield Said(Text("keys", style="bold"))
-            yield Said(Text(HELP.format(quit=self.quit_does)))
+        with Vertical(id="dialog"):
+            yield Static(Text("keys", style="bold"))
+            yield Static(Text(HELP.format(quit=self.quit_does)))
 
     def action_close(self) -> None:
         self.dismiss(None)

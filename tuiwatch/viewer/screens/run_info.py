@@ -6,9 +6,9 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
-
-from tuiwatch.viewer.widgets import Said, ScrollingDialog
+from textual.widgets import Static
 
 
 class RunInfoScreen(ModalScreen[None]):
@@ -24,10 +24,10 @@ class RunInfoScreen(ModalScreen[None]):
         table.add_column(overflow="fold")
         for label, value in self.lines:
             table.add_row(Text(label), Text(value))  # Text: a value is never read as markup
-        with ScrollingDialog(id="info"):
-            yield Said(Text("run", style="bold"))
-            yield Said(table if self.lines else Text("no run record yet", style="dim"))
-            yield Said(Text("i / esc: close", style="dim"))
+        with VerticalScroll(id="info"):
+            yield Static(Text("run", style="bold"))
+            yield Static(table if self.lines else Text("no run record yet", style="dim"))
+            yield Static(Text("i / esc: close", style="dim"))
 
     def action_close(self) -> None:
         self.dismiss(None)
