@@ -32,11 +32,11 @@ def test_a_braille_cell_becomes_the_stroke_or_mark_at_the_height_of_its_dots():
 
 
 def test_every_character_becomes_ascii_as_wide():
-    text = "╭─ training ─╮ ⡇⠀⣀ ↑↓ ● ▲ nonfinite@120 » ×3 wait 743µs 42°C █░ run 名前 é"
+    text = "╭─ training ─╮ ⡇⠀⣀┊ ↑↓ ● ▲ nonfinite@120 » ×3 wait 743µs 42°C █░ run 名前 é"
     said = ascii_only(text)
     assert said.isascii()
     assert cell_len(said) == cell_len(text)
-    assert said == "+- training -+ | _ ^v * ^ nonfinite@120 > x3 wait 743us 42oC #. run ???? e"
+    assert said == "+- training -+ | _: ^v * ^ nonfinite@120 > x3 wait 743us 42oC #. run ???? e"
     assert ascii_only("plain") == "plain"
 
 

@@ -10,7 +10,7 @@ or ``_``), borders by ``+ - |``, arrows and marks by their nearest letter.
 from __future__ import annotations
 
 import unicodedata
-from functools import cache
+from functools import lru_cache
 
 from rich.cells import cell_len
 
@@ -20,10 +20,11 @@ _ROW_OF_BIT = {0x01: 0, 0x08: 0, 0x02: 1, 0x10: 1, 0x04: 2, 0x20: 2, 0x40: 3, 0x
 
 _BOXES = {
     "-": "─━┄┅┈┉╌╍═▔▁╴╶╸╺",
-    "|": "│┃┆┇┊┋╎╏║▎▏▕┤├╵╷╹╻",
+    "|": "│┃┆┇┋╎╏║▎▏▕┤├╵╷╹╻",
     "+": "┌┐└┘╭╮╰╯┬┴┼┏┓┗┛╔╗╚╝┍┑┕┙┎┒┖┚┝┥┯┷┿╋",
 }
 _SIGNS = {
+    "┊": ":",  # where a compared run parts: dotted, not a stroke of the line
     "↑": "^",
     "↓": "v",
     "←": "<",
@@ -62,7 +63,7 @@ def braille(ch: str) -> str:
     return "'" if middle < 0.75 else "-" if middle < 1.75 else "." if middle < 2.75 else "_"
 
 
-@cache
+@lru_cache(maxsize=4096)  # bounded: a run's name may bring any character
 def _one(ch: str) -> str:
     if _BRAILLE <= ord(ch) < _BRAILLE + 256:
         return braille(ch)
