@@ -29,6 +29,15 @@ def test_each_style_trains_healthy_without_an_alert(style: str, run_root: Path):
     assert len(steps) == 400
     assert steps[-1]["loss"] < steps[0]["loss"]  # it learns
     alerts = [(r["rule"], r["step"]) for r in records if r["kind"] == "alert" and r["severity"] != "info"]
+    if style == "iterable":
+        # Its two loader workers need the CPU: beside other jobs on a 2-core machine (CI, two CPU hogs: 3 of 3
+        # runs) they fall behind and the loader is the bottleneck for real. data-bound saying so is right when
+        # the steps it judged waited for data more than half of their time; any other alert is a false alarm.
+        for rule, step in [a for a in alerts if a[0] == "data-bound"]:
+            judged = [r for r in steps if step - 50 < r["step"] <= step]
+            wait = sum(r["data_wait_s"] for r in judged)
+            assert wait / (wait + sum(r["compute_s"] for r in judged)) > 0.5, (rule, step)
+        alerts = [a for a in alerts if a[0] != "data-bound"]
     assert alerts == []
 
 
