@@ -180,7 +180,7 @@ def grid_time(steps: int, metrics: int = 30) -> tuple[float, float, int, float]:
     page (the view built and every chart of the page drawn), charts on the page, MiB the fold grew by."""
     import psutil
 
-    from tuiwatch.viewer.panes.metrics import CELL_HEIGHT, GAP, grid_shape
+    from tuiwatch.viewer.panes.metrics import CELL_HEIGHT, GAP, grid_shape, layout
     from tuiwatch.viewer.state import RunState
     from tuiwatch.viewer.views import metrics_view
 
@@ -198,13 +198,13 @@ def grid_time(steps: int, metrics: int = 30) -> tuple[float, float, int, float]:
             }
         )
     grown = (psutil.Process().memory_info().rss - rss0) / 2**20
-    columns, rows = grid_shape(200 - 4, 60 - 4)
+    columns, _ = grid_shape(200 - 4, 60 - 4)
     width = (196 - GAP * (columns - 1)) // columns
     page: list[float] = []
     for _ in range(10):
         t0 = time.perf_counter()
         view = metrics_view(state, None)
-        cells = view.cells[: columns * rows]
+        cells = [c for band in layout(view.cells, 196, 56)[0] for c in band if not c.constant]  # as the pane draws
         for cell in cells:
             traces = [Trace(line.series, Style(color="cyan"), line.markers) for line in cell.chart.lines]
             chart(traces, width, CELL_HEIGHT - 1, None, cell.chart.log, cell.chart.unit, cell.chart.span)
