@@ -151,6 +151,23 @@ async def test_a_click_on_a_chart_puts_the_cursor_at_the_step_under_it():
         await until(pilot, lambda: app.cursor is not None and app.cursor <= 5, what="the cursor from the grid")
 
 
+async def test_a_click_on_a_constant_s_line_in_the_grid_moves_no_cursor():
+    app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await until(pilot, shown(app, "finished"))
+        await pilot.press("m")
+        await drawn(pilot)
+        pane = app.query_one(MetricsPane)
+        lines = plain(pane).splitlines()
+        at = lines.index(next(line for line in lines if line.startswith("lr 0.1 constant")))
+        assert at == 1 + 2 * 7  # the pane's line, two rows of charts, then the constant
+        await pilot.click(MetricsPane, offset=(2 + LABEL_WIDTH + 5, 1 + at))  # 1: the border above the content
+        await pilot.pause()
+        assert app.cursor is None
+        await pilot.click(MetricsPane, offset=(2 + LABEL_WIDTH + 5, 1 + at - 2))  # a chart's dots above it
+        await until(pilot, lambda: app.cursor is not None, what="the cursor from a chart")
+
+
 def test_the_cursor_steps_from_record_to_record_at_least_a_column_at_a_time():
     state = RunState()
     state.apply({"kind": "run", "t": 1.0, "name": "sparse"})

@@ -124,8 +124,18 @@ class MetricsPane(Pane):
         v = self.view
         if at is None or v is None or not v.cells:
             return
-        columns, _ = grid_shape(self.content_region.width, self.content_region.height)
-        cell_width = (self.content_region.width - GAP * (columns - 1)) // columns
+        width, height = self.content_region.width, self.content_region.height
+        paged = layout(v.cells, width, height)
+        y = at.y - 1  # under the pane's own line
+        for band in paged[min(max(v.page, 0), len(paged) - 1)]:
+            rows = 1 if band[0].constant else CELL_HEIGHT
+            if y < rows:
+                if band[0].constant:
+                    return  # a constant's line has no steps to click
+                break
+            y -= rows
+        columns, _ = grid_shape(width, height)
+        cell_width = (width - GAP * (columns - 1)) // columns
         step = step_at(v.cells[0].chart, cell_width, at.x % (cell_width + GAP))
         if step is not None:
             self.post_message(self.StepClicked(step))
