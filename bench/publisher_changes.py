@@ -41,6 +41,7 @@ from tuiwatch.publisher.hooks import ModelHooks
 from tuiwatch.publisher.measure import BatchInfo, _shape_and_tensors, total_norm
 from tuiwatch.publisher.pending import MAX_RECORD_IDS, _batch_totals, _is_finite, ids_digest
 from tuiwatch.publisher.watch import Watch
+from tuiwatch.rules import Diagnosis
 from tuiwatch.rules.loss import LossChance
 from tuiwatch.rules.optimizer import LrZero
 
@@ -258,6 +259,60 @@ def loss_chance_row(rounds: int) -> Row:
     return ("loss-chance: the losses since it fired kept sorted", old / 1000, new / 1000, "publisher", method)
 
 
+class OldDiagnosis(Diagnosis):
+    """The rules fed before: every rule through its observe(), which calls its check()."""
+
+    def feed(self, record: Any) -> list[Any]:
+        out = []
+        for rule, _ in self._by_kind.get(record.get("kind"), ()):
+            found = rule.observe(record)
+            if found is not None:
+                out.append(found)
+        return out
+
+
+def learning(n: int) -> list[dict[str, Any]]:
+    """Step records of a run that learns, with every field the rules read (the norms every 10th step)."""
+    noise = [math.sin(i * 12.9898) * 0.01 for i in range(n)]
+    return [
+        {
+            "kind": "step",
+            "step": i,
+            "epoch": i // 100,
+            "loss": 1.0 / (1 + i / 100) + noise[i],
+            "lr": [0.1],
+            "grad_norm": 1.0 + noise[i],
+            "opt_step": i + 1,
+            "data_wait_s": 0.0002,
+            "compute_s": 0.0004,
+            "param_norm": 4.0 + i * 1e-3 if i % 10 == 0 else None,
+            "update_norm": 0.05 if i % 10 == 0 else None,
+            "finite": {"batch": True, "forward": True, "loss": True, "grad": True, "param": True},
+            "training": True,
+            "classes": 2 if i == 0 else None,
+        }
+        for i in range(n)
+    ]
+
+
+def diagnosis_row(rounds: int) -> Row:
+    records = learning(1000)
+
+    def feed(diagnosis: Diagnosis) -> None:
+        for r in records:
+            diagnosis.feed(r)
+
+    old, new = alternating(lambda: feed(OldDiagnosis()), lambda: feed(Diagnosis()), rounds, 5)
+    method = "1,000 step records of a run that learns (no alert), the fourteen rules, fresh each pass"
+    return (
+        "rules: check() called from the feed for a rule with no episode active",
+        old / 1000,
+        new / 1000,
+        "publisher",
+        method,
+    )
+
+
 def captured_steps(n: int) -> list[Any]:
     """The StepStates a default Watch hands its publisher thread over ``n`` steps of the tiny MLP."""
     model, opt, data = tiny()
@@ -415,6 +470,7 @@ def main() -> None:
     old, new = alternating(lambda: old_lr_zero(rule_old, lr), lambda: rule_new._zero(step), args.rounds, 20000)
     rows.append(("lr-zero: an unchanged lr list answered from the last answer", old, new, "publisher", "tight loop"))
     rows.append(loss_chance_row(args.rounds))
+    rows.append(diagnosis_row(args.rounds))
     model, _, _ = tiny()
     params = list(model.parameters())
     calls = [0]
