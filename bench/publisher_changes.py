@@ -247,16 +247,17 @@ def at_chance(n: int) -> list[dict[str, Any]]:
     ]
 
 
-def loss_chance_row(rounds: int) -> Row:
-    records = at_chance(1000)
+def fed_row(change: str, method: str, records: list[dict[str, Any]], old: Any, new: Any, rounds: int) -> Row:
+    """µs a record of feeding ``records`` to a fresh ``old()`` and a fresh ``new()`` (a rule or the Diagnosis)."""
 
-    def feed(rule: LossChance) -> None:
+    def feed(make: Any) -> None:
+        fed = make()
+        observe = fed.observe if hasattr(fed, "observe") else fed.feed
         for r in records:
-            rule.observe(r)
+            observe(r)
 
-    old, new = alternating(lambda: feed(OldLossChance()), lambda: feed(LossChance()), rounds, 5)
-    method = "1,000 step records at chance (active from 199), a fresh rule each pass"
-    return ("loss-chance: the losses since it fired kept sorted", old / 1000, new / 1000, "publisher", method)
+    was, now = alternating(lambda: feed(old), lambda: feed(new), rounds, 5)
+    return (change, was / len(records), now / len(records), "publisher", method)
 
 
 class OldDiagnosis(Diagnosis):
@@ -293,24 +294,6 @@ def learning(n: int) -> list[dict[str, Any]]:
         }
         for i in range(n)
     ]
-
-
-def diagnosis_row(rounds: int) -> Row:
-    records = learning(1000)
-
-    def feed(diagnosis: Diagnosis) -> None:
-        for r in records:
-            diagnosis.feed(r)
-
-    old, new = alternating(lambda: feed(OldDiagnosis()), lambda: feed(Diagnosis()), rounds, 5)
-    method = "1,000 step records of a run that learns (no alert), the fourteen rules, fresh each pass"
-    return (
-        "rules: check() called from the feed for a rule with no episode active",
-        old / 1000,
-        new / 1000,
-        "publisher",
-        method,
-    )
 
 
 def captured_steps(n: int) -> list[Any]:
@@ -469,8 +452,12 @@ def main() -> None:
     step = {"kind": "step", "opt_step": 1, "lr": lr}
     old, new = alternating(lambda: old_lr_zero(rule_old, lr), lambda: rule_new._zero(step), args.rounds, 20000)
     rows.append(("lr-zero: an unchanged lr list answered from the last answer", old, new, "publisher", "tight loop"))
-    rows.append(loss_chance_row(args.rounds))
-    rows.append(diagnosis_row(args.rounds))
+    change = "loss-chance: the losses since it fired kept sorted"
+    method = "1,000 step records at chance (active from 199), a fresh rule each pass"
+    rows.append(fed_row(change, method, at_chance(1000), OldLossChance, LossChance, args.rounds))
+    change = "rules: check() called from the feed for a rule with no episode active"
+    method = "1,000 step records of a run that learns (no alert), the fourteen rules, fresh each pass"
+    rows.append(fed_row(change, method, learning(1000), OldDiagnosis, Diagnosis, args.rounds))
     model, _, _ = tiny()
     params = list(model.parameters())
     calls = [0]
