@@ -114,8 +114,7 @@ class TuiwatchApp(App[None]):
     ):
         super().__init__()
         self.theme_name = theme  # dark, light, ansi or ascii (THEMES), set on mount
-        self.ascii_only = theme == "ascii"  # every line drawn made ASCII (widgets.AsciiFilter)
-        self._ascii = AsciiFilter()
+        self._ascii = AsciiFilter() if theme == "ascii" else None  # every line drawn made ASCII
         self.baseline = baseline  # --compare: another run drawn beside this one
         self.bell_on = bell
         self._rung: set[tuple[object, ...]] = set()  # the critical alerts rung for, across reconnects
@@ -153,7 +152,7 @@ class TuiwatchApp(App[None]):
 
     def get_line_filters(self) -> Sequence[LineFilter]:
         filters = super().get_line_filters()
-        return [*filters, self._ascii] if self.ascii_only else filters
+        return filters if self._ascii is None else [*filters, self._ascii]
 
     def run_viewer(self) -> int:
         """Run the app; the exit code for the CLI: non-zero when the app crashed (Textual prints why)."""

@@ -502,20 +502,15 @@ def training_view(
 
 def at_cursor(view: TrainingView, state: RunState, cursor: int) -> TrainingView:
     """The training view's values read at the cursor: each series' record at or before it."""
-
-    def value(series: Series) -> float | None:
-        point = series.at(cursor)
-        return None if point is None else point[1]
-
     train = state.metrics.get(view.train_name) if view.train_name is not None else None
     point = train.at(cursor) if train is not None else state.grad_norm.at(cursor)
     evaluation = state.eval_metrics.get(view.eval_name) if view.eval_name is not None else None
     return dataclasses.replace(
         view,
         train_value=None if point is None or train is None else point[1],
-        eval_value=value(evaluation) if evaluation is not None else None,
-        lr_value=value(state.lr),
-        grad_norm_value=value(state.grad_norm),
+        eval_value=evaluation.value_at(cursor) if evaluation is not None else None,
+        lr_value=state.lr.value_at(cursor),
+        grad_norm_value=state.grad_norm.value_at(cursor),
         grad_norm_clipped=False,
         at_step=cursor if point is None else point[0],
     )
@@ -553,8 +548,7 @@ def memory_at(view: MemoryView, state: RunState, cursor: int) -> MemoryView:
     temperature, power) is kept for the last step only and is not shown."""
 
     def value(series: Series | None) -> float | None:
-        point = series.at(cursor) if series is not None else None
-        return point[1] if point is not None else None
+        return series.value_at(cursor) if series is not None else None
 
     allocated = state.mem_allocated.at(cursor)
     device = view.device
@@ -581,7 +575,7 @@ def memory_at(view: MemoryView, state: RunState, cursor: int) -> MemoryView:
         device=device,
         gpus=gpus,
         cpu_percent=None,
-        rss=value(state.rss),
+        rss=state.rss.value_at(cursor),
         workers=None,
         workers_cpu_percent=None,
         at_step=step,
@@ -729,8 +723,7 @@ def metrics_view(
         # cursor, the record it snaps to.
         value = latest(state.last_step, n.key, n.series) if n.key is not None else n.series.current
         if cursor is not None:
-            point = n.series.at(cursor)
-            value = None if point is None else point[1]
+            value = n.series.value_at(cursor)
         chart = Chart(tuple(lines), window, n.log or log_y, n.unit, span, smooth, clip, cursor, mark)
         constant = all(line.series.constant for line in lines) and len({line.series.current for line in lines}) == 1
         cells.append(MetricCell(n.name, value, chart, constant))

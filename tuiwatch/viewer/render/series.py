@@ -115,6 +115,11 @@ class Series:
         i = max(bisect.bisect_right(buckets, step, key=lambda b: b.last) - 1, 0)
         return buckets[i].last, buckets[i].value
 
+    def value_at(self, step: int) -> float | None:
+        """The value a cursor at ``step`` reads (:meth:`at`), None before the first point."""
+        point = self.at(step)
+        return None if point is None else point[1]
+
     def after(self, step: int) -> int | None:
         """The step of the first point kept after ``step`` (as :meth:`at` reads them: further back than the last
         ``recent``, a bucket's last), None past the last."""
