@@ -92,7 +92,7 @@ _PENDING = (PendingCopy, PendingDuration)
 
 def defer(t: torch.Tensor) -> Any:
     """A scalar tensor as a Python number (CPU) or a :class:`PendingCopy` (CUDA)."""
-    if t.device.type != "cuda":
+    if not t.is_cuda:  # (t.device would build a torch.device at every call)
         return t.item()  # CPU: no sync exists; other accelerators: documented as syncing
     t = t.detach()
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)

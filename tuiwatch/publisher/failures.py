@@ -82,7 +82,7 @@ class Failures:
 
             oom["rss"] = psutil.Process().memory_info().rss
         s.oom = oom
-        if not tracker.measured(s):
+        if not s.measured:
             s.step_forced = True
         tracker.end(time.perf_counter())
         tracker.pipeline.sync(OOM_SYNC_S)

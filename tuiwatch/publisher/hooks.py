@@ -62,17 +62,24 @@ class ForwardHook:
     ever reached, and a copy never publishes into the original's Watch.
     """
 
-    __slots__ = ("_target",)
+    __slots__ = ("_func", "_owner")
 
     def __init__(self, target: Any = None):
-        # A bound method (the usual) is held through its object; a plain function (a bench's timing wrapper) as is.
-        weak: Any = weakref.WeakMethod if isinstance(target, types.MethodType) else weakref.ref
-        self._target = weak(target) if target is not None else None
+        # A bound method (the usual) is held through a weak reference to its object and called through its
+        # function: a WeakMethod builds a bound method in Python at every forward. A plain function (a bench's
+        # timing wrapper) is held weakly itself.
+        bound = isinstance(target, types.MethodType)
+        self._func = target.__func__ if bound else None
+        self._owner = None if target is None else weakref.ref(target.__self__ if bound else target)
 
     def __call__(self, module: Any, args: Any, output: Any) -> None:
-        target = self._target() if self._target is not None else None
-        if target is not None:
-            target(module, args, output)
+        owner = self._owner() if self._owner is not None else None
+        if owner is None:
+            return
+        if self._func is not None:
+            self._func(owner, module, args, output)
+        else:
+            owner(module, args, output)
 
     def __reduce__(self) -> tuple[type[ForwardHook], tuple[()]]:
         return (ForwardHook, ())
@@ -140,7 +147,8 @@ class ModelHooks:
         is rebuilt when the optimizer's parameter count changes (a new group).
         """
         groups = self.optimizer.param_groups if self.optimizer is not None else []
-        key = sum(len(g["params"]) for g in groups)
+        # Asked at every optimizer step: one group (the usual) without a generator.
+        key = len(groups[0]["params"]) if len(groups) == 1 else sum(len(g["params"]) for g in groups)
         if self._param_cache[0] != key or not self._param_cache[1]:
             self._param_cache = (key, list(self.model.parameters()))
         return self._param_cache[1]
@@ -191,7 +199,7 @@ class ModelHooks:
         params = self.params()
         if not self.late_gradients:
             self._measure_gradients(s, params)
-        if tracker.measured(s) and tracker.opt_steps % self.update_norm_every == 0 and not s.opt_skipped:
+        if s.measured and tracker.opt_steps % self.update_norm_every == 0 and not s.opt_skipped:
             self._before_update = self._snapshot(params)
 
     def gradients_ready(self) -> None:
@@ -202,12 +210,14 @@ class ModelHooks:
     def _measure_gradients(self, s: StepState, params: list[torch.Tensor]) -> None:
         """The pre-clip norm (unless a clip gave it) and, for "stop"/"skip", the non-finite check before the update."""
         checking = self.checking
-        if s.grad_norm is None and (self.tracker.measured(s) or checking):
-            s.grad_norm = total_norm([p.grad for p in params if p.grad is not None])
-        if isinstance(s.grad_norm, torch.Tensor):
+        norm = s.grad_norm
+        if norm is None and (s.measured or checking):
+            norm = total_norm([p.grad for p in params if p.grad is not None])
+        if isinstance(norm, torch.Tensor):
             # "stop"/"skip" must know now: free on the CPU, the one documented sync per step on CUDA.
-            s.grad_norm = s.grad_norm.item() if checking else defer(s.grad_norm)
-        if checking and isinstance(s.grad_norm, float) and not math.isfinite(s.grad_norm):
+            norm = norm.item() if checking else defer(norm)
+        s.grad_norm = norm
+        if checking and type(norm) is float and not math.isfinite(norm):
             self.failures.nonfinite_gradients(s, params)
 
     def after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -223,21 +233,20 @@ class ModelHooks:
             return
         tracker.opt_steps += 1
         s.opt_step = tracker.opt_steps
-        if not tracker.measured(s):
+        if not s.measured:
             return
-        params = self.params()
         if (tracker.opt_steps - 1) % self.param_norm_every == 0:
-            s.param_norm = defer_tensor(total_norm(params))
+            s.param_norm = defer_tensor(total_norm(self.params()))
         before = self._before_update
         if before is not None:
             self._before_update = None
-            s.update_norm = defer_tensor(self._update_norm(params, before))
+            s.update_norm = defer_tensor(self._update_norm(self.params(), before))
 
     def at_step_open(self, s: StepState) -> None:
         """No optimizer: keep the weights the update norm compares with, on the steps that sample it."""
         tracker = self.tracker
         params = self.params()
-        if params and tracker.measured(s) and tracker.opt_steps % self.update_norm_every == 0:
+        if params and s.measured and tracker.opt_steps % self.update_norm_every == 0:
             self._before_update = self._snapshot(params)
 
     def at_step_end(self, s: StepState) -> None:
@@ -250,7 +259,7 @@ class ModelHooks:
         tracker = self.tracker
         tracker.opt_steps += 1
         s.opt_step = tracker.opt_steps
-        if not tracker.measured(s):
+        if not s.measured:
             return
         if s.grad_norm is None:  # watch.clip_grad_norm_ gives the pre-clip norm; this one is after any clipping
             s.grad_norm = total_norm(grads)
@@ -283,7 +292,7 @@ class ModelHooks:
             s.forward_end = time.perf_counter()
             if s.device_start is not None:
                 s.forward_mark = device_mark()
-        if s.forward_probe is not None or not tracker.measured(s):
+        if s.forward_probe is not None or not s.measured:
             return
         out = first_tensor(output)
         if out is not None and out.is_floating_point():

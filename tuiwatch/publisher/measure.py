@@ -27,9 +27,9 @@ def total_norm(tensors: Sequence[torch.Tensor]) -> Any:
 
 
 def _norm(tensors: Sequence[torch.Tensor]) -> Any:
-    norms = torch._foreach_norm(list(tensors))
+    norms = torch._foreach_norm(tensors if type(tensors) is list else list(tensors))
     if len(norms) <= _PYTHON_SUM_MAX and norms[0].is_cpu:
-        return math.sqrt(math.fsum(n.item() ** 2 for n in norms))
+        return math.sqrt(math.fsum([n.item() ** 2 for n in norms]))
     try:
         return torch.linalg.vector_norm(torch.stack(norms))
     except RuntimeError:

@@ -54,6 +54,7 @@ def _is_finite(value: Any) -> bool | None:
 
 class StepState:
     # Class-level defaults: a step only pays for the attributes it sets.
+    measured = True  # one of the steps ``every`` records (set when the tracker opens it)
     epoch = 0
     batch: BatchInfo | None = None
     batch_ids: list[int] | None = None

@@ -16,7 +16,7 @@ import torch
 
 from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
 from tuiwatch.publisher.background.pipeline import Pipeline
-from tuiwatch.publisher.deferred import PendingDuration, defer, defer_tensor, device_mark
+from tuiwatch.publisher.deferred import PendingDuration, defer, device_mark
 from tuiwatch.publisher.dumps import DUMP_LAG, KeptBatch, RecentBatches
 from tuiwatch.publisher.measure import BatchInfo
 from tuiwatch.publisher.pending import DeviceMemory, EvalState, StepState
@@ -54,13 +54,10 @@ class StepTracker:
     def fetched(self, seconds: float) -> None:
         self.fetch_s = (self.fetch_s or 0.0) + seconds
 
-    def measured(self, s: StepState) -> bool:
-        """Whether ``s`` is one of the steps ``every`` records."""
-        return s.step % self.every == 0
-
     def open(self, start: float, *, at_boundary: bool = False, data_wait_s: float | None = None) -> StepState:
         s = StepState(self.step, start)
-        if at_boundary and self.cuda_index is not None and not s.step % self.every:
+        s.measured = not self.step % self.every
+        if at_boundary and self.cuda_index is not None and s.measured:
             s.device_start = device_mark()
         wait, self.next_wait = self.next_wait, None
         if wait is not None or data_wait_s is not None:
@@ -83,7 +80,7 @@ class StepTracker:
 
     def add_batch(self, s: StepState, batch: Any, ids: list[int] | None) -> None:
         s.batch_ids = ids
-        if self.measured(s):
+        if s.measured:
             s.batch = BatchInfo(batch)
         self.keep_batch(s, batch, ids)
 
@@ -95,7 +92,7 @@ class StepTracker:
             s.data_wait_s = (s.data_wait_s or 0.0) + wait
             s.inner_wait += wait  # inside the step's span: not compute
         s.batch_ids = s.batch_ids + ids if s.batch_ids is not None and ids is not None else None
-        if self.measured(s):
+        if s.measured:
             info = BatchInfo(batch)
             if s.batch is None:
                 s.batch = info
@@ -124,7 +121,7 @@ class StepTracker:
         self.last_boundary = now
         if self.on_end is not None:
             self.on_end(s)
-        if s.step % self.every and not s.step_forced:
+        if not s.measured and not s.step_forced:
             return
         if s.batch is None and not s.metrics and s.grad_norm is None and s.opt_step is None:
             return  # an empty step (a boundary with nothing in it) is not a step
@@ -141,11 +138,12 @@ class StepTracker:
                 torch.cuda.max_memory_allocated(index),
             )
             torch.cuda.reset_peak_memory_stats(index)
-        # Still a tensor only when clipped through watch.clip_grad_norm_ without an optimizer step.
-        s.grad_norm = defer_tensor(s.grad_norm)
-        scale = getattr(self.scaler, "_scale", None)  # the tensor itself: get_scale() would sync on CUDA
-        if isinstance(scale, torch.Tensor):
-            s.scale = defer(scale)
+        if isinstance(s.grad_norm, torch.Tensor):  # clipped through watch.clip_grad_norm_, no optimizer step
+            s.grad_norm = defer(s.grad_norm)
+        if self.scaler is not None:
+            scale = getattr(self.scaler, "_scale", None)  # the tensor itself: get_scale() would sync on CUDA
+            if isinstance(scale, torch.Tensor):
+                s.scale = defer(scale)
         self.pipeline.put(s)
 
     def last_step_number(self) -> int | None:

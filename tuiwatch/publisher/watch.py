@@ -318,6 +318,9 @@ class Watch:
         tracker = self._tracker
         if tracker.off:
             return
+        if tracker.eval is None and "epoch" not in metrics and "lr" not in metrics:
+            add_metrics(tracker.current().metrics, metrics)  # the usual call, once a step: the step's scalars
+            return
         epoch = metrics.pop("epoch", None)
         lr = metrics.pop("lr", None)
         if lr is not None and self.optimizer is not None:
