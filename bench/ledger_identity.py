@@ -40,6 +40,9 @@ VOLATILE = {
     "data_wait_s",
     "compute_s",
     "examples_per_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
     "seeding",
 }
 SAMPLED_KINDS = {"system", "publisher"}

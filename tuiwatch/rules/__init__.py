@@ -85,19 +85,20 @@ class Diagnosis:
     def __init__(self, rules: RulesConfig | None = None):
         self.rules = build_rules(rules)
         # The rules of each record kind, in registry order: one lookup a record instead of a test per rule. With
-        # each, whether it keeps the base class's observe(): then its usual case (no episode active) is a call
-        # of its check() from here, one Python call a rule instead of two (this runs for every step record).
-        self._by_kind: dict[object, list[tuple[Rule, bool]]] = {}
+        # each, its bound check() if it keeps the base class's observe(): then its usual case (no episode active)
+        # is a call of its check() from here, one Python call a rule instead of two (this runs for every step
+        # record).
+        self._by_kind: dict[object, list[tuple[Rule, Callable[[Record], AlertRecord | None] | None]]] = {}
         for rule in self.rules:
-            plain = type(rule).observe is Rule.observe
+            check = rule.check if type(rule).observe is Rule.observe else None
             for kind in rule.kinds:
-                self._by_kind.setdefault(kind, []).append((rule, plain))
+                self._by_kind.setdefault(kind, []).append((rule, check))
 
     def feed(self, record: Record) -> list[AlertRecord]:
         out = []
-        for rule, plain in self._by_kind.get(record.get("kind"), ()):
-            if plain and not rule.active:
-                found = rule.check(record)  # Rule.observe, inlined
+        for rule, check in self._by_kind.get(record.get("kind"), ()):
+            if check is not None and not rule.active:
+                found = check(record)  # Rule.observe, inlined
                 if found is not None:
                     rule.active = True
                     out.append(found)

@@ -14,7 +14,13 @@ def top_lr(record: Record) -> float | None:
     lr, last = record.get("lr"), _last_top  # one read: another thread may replace it meanwhile
     if lr is last[0]:  # the same list object (the cache holds it, so its id cannot be reused)
         return last[1]
-    top = max((abs(v) for v in map(num, lr) if v is not None), default=None) if isinstance(lr, list) else None
+    if not isinstance(lr, list):
+        top = None
+    elif len(lr) == 1:  # one param group (the usual): no generator; each record brings a new list
+        only = num(lr[0])
+        top = None if only is None else abs(only)
+    else:
+        top = max((abs(v) for v in map(num, lr) if v is not None), default=None)
     _last_top = (lr, top)
     return top
 

@@ -42,14 +42,15 @@ class DataBound(Rule):
         if type(wait) is not float or type(compute) is not float or wait < 0 or compute < 0:
             return None
         step = record.get("step")
-        self.recent.append((step if isinstance(step, int) else None, wait, compute))
+        recent, window = self.recent, self.window  # (every step record: locals, not attributes)
+        recent.append((step if isinstance(step, int) else None, wait, compute))
         self.wait += wait
         self.total += wait + compute
-        if len(self.recent) > self.window:
-            _, old_wait, old_compute = self.recent.popleft()
+        if len(recent) > window:
+            _, old_wait, old_compute = recent.popleft()
             self.wait -= old_wait
             self.total -= old_wait + old_compute
-        if len(self.recent) < self.window or self.total <= 0:
+        if len(recent) < window or self.total <= 0:
             return None
         if self.wait / self.window < self.min_wait_s:
             return 0.0

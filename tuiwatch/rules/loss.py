@@ -104,23 +104,19 @@ class LossChance(Rule):
         self.peak_lr = 0.0
         self.since_rise = 0  # steps with a known lr since it last rose
 
-    def _schedule(self, record: Record) -> None:
-        top = top_lr(record)
-        if top is None:
-            return
-        last = self.last_lr
-        self.since_rise = 0 if last is not None and top > last else self.since_rise + 1
-        self.last_lr = top
-        if top > self.peak_lr:
-            self.peak_lr = top
-
     def _push(self, record: Record) -> float | None:
         """The chance-level loss ln(C), once this record's loss is in the window and C is known."""
         # Runs for every step record, on the training process's publisher thread: plain tests, no min()/max().
         if self.classes is None and integer(record.get("classes")) is not None:
             self.classes = record["classes"]
             self.source = "the model's output (its logits' last dimension, or a 2-D output's width)"
-        self._schedule(record)
+        top = top_lr(record)  # the schedule: whether the lr still rises (a warm-up), and its peak
+        if top is not None:
+            last = self.last_lr
+            self.since_rise = 0 if last is not None and top > last else self.since_rise + 1
+            self.last_lr = top
+            if top > self.peak_lr:
+                self.peak_lr = top
         loss = num(record.get("loss"))
         if loss is None or not math.isfinite(loss):
             return None
@@ -178,8 +174,8 @@ class LossChance(Rule):
 
     def check(self, record: Record) -> AlertRecord | None:
         chance = self._push(record)
-        if chance is None:
-            return None
+        if chance is None or self.recent[-1] < (1 - 2 * self.tolerance) * chance:
+            return None  # the usual answer, a learned loss under both tests' bars, without a call to either
         before = self._lost(chance)
         if before is None and not (self._settled() and self._never_learned(chance)):
             return None
@@ -297,15 +293,6 @@ class LossSpike(Rule):
         self.pending: Record | None = None  # the record of a loss over the bar, awaiting its next losses
         self.after: list[float] = []
 
-    def _lr_rose(self, record: Record) -> bool:
-        top = top_lr(record)
-        if top is not None:
-            if self.last_lr is not None and top > 1.5 * self.last_lr:
-                self.since_lr_rise = 0
-            self.last_lr = top
-        self.since_lr_rise += 1
-        return self.since_lr_rise <= self.lr_hold
-
     def _refresh(self) -> None:
         values = list(self.recent)
         if min(values) >= 0:
@@ -322,7 +309,13 @@ class LossSpike(Rule):
     def _over(self, record: Record) -> bool | None:
         """Whether this record's loss is over the bar; an ordinary loss joins the window. None: no loss."""
         loss = num(record.get("loss"))
-        held = self._lr_rose(record)
+        top = top_lr(record)  # a rise by half or more (a warm restart) holds spikes for lr_hold steps
+        if top is not None:
+            if self.last_lr is not None and top > 1.5 * self.last_lr:
+                self.since_lr_rise = 0
+            self.last_lr = top
+        self.since_lr_rise += 1
+        held = self.since_lr_rise <= self.lr_hold
         if loss is None or not math.isfinite(loss):
             return None
         if self.bar is not None and loss > self.bar and not held:

@@ -113,8 +113,8 @@ class NoUpdate(Rule):
             return None
         if update is not None:
             self.zero_updates = self.zero_updates + 1 if update == 0 else 0
-        opt_step = num(record.get("opt_step")) or 0
         if param is not None:
+            opt_step = num(record.get("opt_step")) or 0
             last = self.last_param
             self.same_params = self.same_params + int(opt_step - last[1]) if last and param == last[0] else 0
             self.last_param = (param, int(opt_step))

@@ -208,8 +208,10 @@ class Straggler(Rule):
     def _push(self, record: Record) -> bool:
         """Fold the record in; whether it is time to judge."""
         rank = record.get("rank")
+        if type(rank) is not int:
+            return False  # one process's ledger (the usual): nothing to compare
         wait, compute = num(record.get("data_wait_s")), num(record.get("compute_s"))
-        if type(rank) is not int or wait is None or compute is None:
+        if wait is None or compute is None:
             return False
         series = self.ranks.get(rank)
         if series is None:

@@ -43,8 +43,14 @@ class NonFinite(Rule):
         self.skips = 0  # steps the scaler skipped in a row
 
     def observe(self, record: Record) -> AlertRecord | None:
-        skipped = self._scaler_skip(record)
         scale = num(record.get("scale"))
+        if scale is None and not self.active:  # no GradScaler (the usual): the finite flags alone
+            if record.get("opt_step") is not None:
+                self.skips = 0
+            found = self.check(record)
+            self.active = found is not None
+            return found
+        skipped = self._scaler_skip(record)
         if scale is not None:
             self.last_scale = scale
         if record.get("opt_step") is not None:
