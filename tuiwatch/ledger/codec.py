@@ -18,6 +18,7 @@ from tuiwatch.ledger.records import Decoded, Record
 
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _METRIC_KINDS = ("step", "eval")
+_CONTAINERS = frozenset((dict, list, tuple))
 
 
 class DecodeError(ValueError):
@@ -52,6 +53,8 @@ def _has_nonfinite(obj: Any) -> bool:
     if t is dict:
         return _any_nonfinite(obj.values())
     if t is list or t is tuple:
+        if obj and type(obj[0]) in _CONTAINERS:  # a batch's shapes, say: sum() would raise at once
+            return _any_nonfinite(obj)
         try:
             total = sum(obj)
         except TypeError:  # not all numbers: look at each

@@ -128,7 +128,7 @@ class StepState:
             "optimizer_s": max(stop - start, 0.0),
         }
         marks = (self.device_start, self.forward_mark, self.opt_start_mark, self.opt_end_mark)
-        if any(mark is None for mark in marks):
+        if self.device_start is None or any(mark is None for mark in marks):  # (no device_start: every CPU step)
             return host
         # The step's end event (compute_s) is recorded after these on the same stream: when it is ready, so are
         # they, and build() runs only then.
@@ -155,7 +155,7 @@ class StepState:
             "step": self.step,
             "epoch": self.epoch,
             **metrics,  # type: ignore[typeddict-item]
-            "lr": resolve(self.lr),
+            "lr": None if self.lr is None else [_number(v) for v in self.lr],
             "grad_norm": grad_norm,
             "grad_norm_clipped": (
                 None
@@ -211,7 +211,7 @@ def _batch_totals(batches: list[BatchInfo]) -> tuple[int | None, int | None, Any
         return None, None, None
     if len(batches) == 1:
         b = batches[0]
-        return b.size, resolve(b.tokens), resolve(b.finite_probe)
+        return b.size, _number(b.tokens), _number(b.finite_probe)
     sizes = [b.size for b in batches]
     tokens = [resolve(b.tokens) for b in batches]
     probes = [p for p in (resolve(b.finite_probe) for b in batches) if p is not None]
