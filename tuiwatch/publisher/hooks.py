@@ -29,7 +29,7 @@ from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
 from tuiwatch.publisher.deferred import defer, defer_tensor, device_mark
 from tuiwatch.publisher.failures import Failures
-from tuiwatch.publisher.measure import class_count, finiteness_probe, first_tensor, total_norm
+from tuiwatch.publisher.measure import class_count, finiteness_probe, first_tensor, gradient_norm, total_norm
 from tuiwatch.publisher.optimizers import inner_optimizer
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.steps import StepTracker
@@ -192,7 +192,7 @@ class ModelHooks:
         tracker = self.tracker
         if tracker.off:
             return
-        s = tracker.current()
+        s = tracker.cur or tracker.current()
         s.opt_start = time.perf_counter()
         if s.device_start is not None:
             s.opt_start_mark = device_mark()
@@ -212,7 +212,7 @@ class ModelHooks:
         checking = self.checking
         norm = s.grad_norm
         if norm is None and (s.measured or checking):
-            norm = total_norm([p.grad for p in params if p.grad is not None])
+            norm = gradient_norm([p.grad for p in params if p.grad is not None])
         if isinstance(norm, torch.Tensor):
             # "stop"/"skip" must know now: free on the CPU, the one documented sync per step on CUDA.
             norm = norm.item() if checking else defer(norm)
@@ -294,7 +294,7 @@ class ModelHooks:
                 s.forward_mark = device_mark()
         if s.forward_probe is not None or not s.measured:
             return
-        out = first_tensor(output)
+        out = output if type(output) is torch.Tensor else first_tensor(output)
         if out is not None and out.is_floating_point():
             s.forward_probe = defer(finiteness_probe(out))
         if not self._classes_reported:

@@ -24,8 +24,9 @@ class IndexRecorder:
 
     def __iter__(self) -> Iterator[Any]:
         self.ids.clear()  # a new epoch (persistent workers reuse the iterator)
+        ids = self.ids
         for item in self.sampler:
-            self.ids.append(_as_id_list(item))
+            ids.append(item if type(item) is list else _as_id_list(item))  # a BatchSampler's list: as it is
             yield item
 
     def __len__(self) -> int:

@@ -21,12 +21,15 @@ def total_norm(tensors: Sequence[torch.Tensor]) -> Any:
         return None
     if tensors[0].requires_grad:  # parameters: no autograd graph for a reading
         with torch.no_grad():
-            return _norm(tensors)
+            return gradient_norm(tensors)
     # Gradients (the every-step case): no no_grad() block, which alone cost ~10 µs a step in the loop.
-    return _norm(tensors)
+    return gradient_norm(tensors)
 
 
-def _norm(tensors: Sequence[torch.Tensor]) -> Any:
+def gradient_norm(tensors: Sequence[torch.Tensor]) -> Any:
+    """:func:`total_norm` of tensors that need no autograd graph (gradients: the every-step case)."""
+    if not tensors:
+        return None
     norms = torch._foreach_norm(tensors if type(tensors) is list else list(tensors))
     if len(norms) <= _PYTHON_SUM_MAX and norms[0].is_cpu:
         return math.sqrt(math.fsum([n.item() ** 2 for n in norms]))

@@ -205,7 +205,7 @@ class Watch:
         try:
             while True:
                 t0 = clock()
-                folding = tracker.folding()
+                folding = tracker.per_optimizer and tracker.folding()  # (a call a step saved without it)
                 if not folding:
                     tracker.end(t0)
                     if commands.pending():
