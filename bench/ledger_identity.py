@@ -3,8 +3,8 @@
 A change that should not change behaviour (a re-layout) must leave these
 byte-identical. Run it once per version and compare the files::
 
-    python bench/ledger_identity.py OUT_A            # on the old tree
-    python bench/ledger_identity.py OUT_B            # on the new tree
+    PYTHONPATH=OLD_TREE python bench/ledger_identity.py OUT_A   # the old tree's tuiwatch
+    python bench/ledger_identity.py OUT_B                       # this one
     diff -r OUT_A OUT_B
 
 Kept: every step, eval, alert, action and end record, field by field, in
@@ -16,6 +16,7 @@ fields (pid, host, run id, paths, the socket) and the ``system`` and
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -46,6 +47,7 @@ VOLATILE = {
     "seeding",
 }
 SAMPLED_KINDS = {"system", "publisher"}
+TREE = str(Path(importlib.util.find_spec("tuiwatch").origin).parent.parent)  # type: ignore[union-attr,arg-type]
 # (scenario, demo arguments): a healthy run of each model and faults whose rules dump or stop.
 RUNS = [
     ("healthy-mlp", ["--model", "mlp", "--steps", "400"]),
@@ -77,7 +79,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, demo_args in RUNS:
         with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "TUIWATCH_DIR": tmp}
+            # The tuiwatch this script imports, from a directory that holds no other: `python -m` puts the working
+            # directory first on sys.path, so run from a checkout it took that checkout's, whatever PYTHONPATH said.
+            env = {**os.environ, "TUIWATCH_DIR": tmp, "PYTHONPATH": TREE}
             subprocess.run(
                 [
                     sys.executable,
@@ -95,6 +99,7 @@ def main() -> None:
                 ],
                 check=False,
                 env=env,
+                cwd=tmp,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 timeout=600,

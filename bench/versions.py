@@ -16,6 +16,11 @@ load average beside it. A ratio under 1 means the new tree is faster::
 
     git worktree add /tmp/old <commit>
     python bench/versions.py /tmp/old .  [--rounds 7]
+
+With ``--parts``, each round instead times the publisher's parts alone in
+each tree (PARTS): publishing and measurement p50 on the training thread,
+building a step record, the fourteen rules over a run that learns, and the
+publisher thread's whole work a record; the median over rounds of each.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 import orjson
+
+BENCH = Path(__file__).resolve().parent  # this directory's helpers, for PARTS
 
 PUBLISHER = """
 import gc, sys, tempfile, time
@@ -89,6 +96,41 @@ print(wall, usage.ru_utime + usage.ru_stime)
 """
 
 
+PARTS = """
+import statistics, sys, tempfile, time
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+import overhead
+from publisher_changes import captured_steps, learning
+from tuiwatch.rules import Diagnosis
+case = overhead.CASES[0]
+timed = overhead.instrumented(case, Path(tempfile.mkdtemp()), 3000)
+states = captured_steps(600)
+builds, rules = [], []
+records = learning(3000)
+for _ in range(9):
+    t0 = time.thread_time()
+    for s in states:
+        s.build()
+    builds.append((time.thread_time() - t0) / len(states) * 1e6)
+    feed = Diagnosis().feed
+    t0 = time.thread_time()
+    for r in records:
+        feed(r)
+    rules.append((time.thread_time() - t0) / len(records) * 1e6)
+alone = overhead.background_cost(case, 3000)
+print(timed["publish_p50_us"], timed["measure_p50_us"], statistics.median(builds), statistics.median(rules), alone)
+"""
+PART_NAMES = (
+    "publishing p50 µs",
+    "measurements p50 µs",
+    "build µs a record",
+    "rules µs a record",
+    "publisher thread µs a record",
+)
+
+
 def ledger(path: Path, steps: int) -> Path:
     with open(path, "wb") as f:
         f.write(orjson.dumps({"kind": "run", "t": 0.0, "name": "bench", "host": "h", "device": "cpu"}) + b"\n")
@@ -125,9 +167,17 @@ def ledger(path: Path, steps: int) -> Path:
 
 
 def run(tree: Path, script: str, *args: str) -> list[float]:
-    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(tree.resolve()), str(BENCH)))}
+    # Run in the tree: `python -c` puts the working directory first on sys.path, so from the repository's root
+    # both arms imported the working copy's tuiwatch, whatever PYTHONPATH said (fixed in issue 18's last session).
     out = subprocess.run(
-        [sys.executable, "-c", script, *args], env=env, check=True, capture_output=True, text=True, timeout=900
+        [sys.executable, "-c", script, *args],
+        env=env,
+        cwd=tree.resolve(),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     return [float(v) for v in out.stdout.split()]
 
@@ -144,7 +194,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=3000, help="training steps per publisher run")
     p.add_argument("--records", type=int, default=100_000, help="steps in the replayed ledger")
+    p.add_argument("--parts", action="store_true", help="the publisher's parts, each timed alone (PARTS), instead")
     args = p.parse_args()
+    if args.parts:
+        parts(args.old, args.new, args.rounds)
+        return
     path = ledger(Path(tempfile.mkdtemp()) / "ledger.jsonl", args.records)
     names = ("publisher added wall", "publisher added CPU", "viewer replay wall", "viewer replay CPU")
     ratios: dict[str, list[float]] = {n: [] for n in names}
@@ -164,6 +218,23 @@ def main() -> None:
     for name in names:
         print(f"  {name:<22} {summary(ratios[name])}")
     print(f"  (publisher: µs per step over the bare loop; viewer: seconds to replay {args.records:,} steps)")
+
+
+def parts(old: Path, new: Path, rounds: int) -> None:
+    """The publisher's parts in each tree, alternating: absolute µs (each timed alone), and new / old."""
+    values: dict[Path, list[list[float]]] = {old: [], new: []}
+    load = [os.getloadavg()[0]]
+    for r in range(rounds):
+        for tree in [old, new] if r % 2 == 0 else [new, old]:
+            values[tree].append(run(tree, PARTS))
+        load.append(os.getloadavg()[0])
+    print(f"median over {rounds} rounds, the trees alternating; load average {min(load):.1f}-{max(load):.1f}")
+    print("| part | old | new | new / old |\n|---|---|---|---|")
+    for i, name in enumerate(PART_NAMES):
+        was = statistics.median(v[i] for v in values[old])
+        now = statistics.median(v[i] for v in values[new])
+        ratio = summary([n[i] / o[i] for o, n in zip(values[old], values[new], strict=True)])
+        print(f"| {name} | {was:.2f} | {now:.2f} | {ratio} |")
 
 
 if __name__ == "__main__":
