@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 import torch
-from overhead import publisher_cpu  # a sibling script: bench/ is on the path when this one runs
+from overhead import learning, publisher_cpu  # a sibling script: bench/ is on the path when this one runs
 from torch import nn
 
 from tuiwatch.ledger.codec import _has_nonfinite
@@ -270,30 +270,6 @@ class OldDiagnosis(Diagnosis):
             if found is not None:
                 out.append(found)
         return out
-
-
-def learning(n: int) -> list[dict[str, Any]]:
-    """Step records of a run that learns, with every field the rules read (the norms every 10th step)."""
-    noise = [math.sin(i * 12.9898) * 0.01 for i in range(n)]
-    return [
-        {
-            "kind": "step",
-            "step": i,
-            "epoch": i // 100,
-            "loss": 1.0 / (1 + i / 100) + noise[i],
-            "lr": [0.1],
-            "grad_norm": 1.0 + noise[i],
-            "opt_step": i + 1,
-            "data_wait_s": 0.0002,
-            "compute_s": 0.0004,
-            "param_norm": 4.0 + i * 1e-3 if i % 10 == 0 else None,
-            "update_norm": 0.05 if i % 10 == 0 else None,
-            "finite": {"batch": True, "forward": True, "loss": True, "grad": True, "param": True},
-            "training": True,
-            "classes": 2 if i == 0 else None,
-        }
-        for i in range(n)
-    ]
 
 
 def captured_steps(n: int) -> list[Any]:

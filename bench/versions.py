@@ -102,25 +102,19 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 import overhead
-from publisher_changes import captured_steps, learning
-from tuiwatch.rules import Diagnosis
+from publisher_changes import captured_steps
 case = overhead.CASES[0]
 timed = overhead.instrumented(case, Path(tempfile.mkdtemp()), 3000)
 states = captured_steps(600)
-builds, rules = [], []
-records = learning(3000)
+builds = []
 for _ in range(9):
     t0 = time.thread_time()
     for s in states:
         s.build()
     builds.append((time.thread_time() - t0) / len(states) * 1e6)
-    feed = Diagnosis().feed
-    t0 = time.thread_time()
-    for r in records:
-        feed(r)
-    rules.append((time.thread_time() - t0) / len(records) * 1e6)
+rules = overhead.rules_cost(overhead.learning(3000))
 alone = overhead.background_cost(case, 3000)
-print(timed["publish_p50_us"], timed["measure_p50_us"], statistics.median(builds), statistics.median(rules), alone)
+print(timed["publish_p50_us"], timed["measure_p50_us"], statistics.median(builds), rules, alone)
 """
 PART_NAMES = (
     "publishing p50 µs",
