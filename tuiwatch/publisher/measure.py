@@ -17,9 +17,7 @@ _PYTHON_SUM_MAX = 32
 
 def total_norm(tensors: Sequence[torch.Tensor]) -> Any:
     """The 2-norm of all ``tensors`` together: a float (CPU), a device scalar (CUDA), or None."""
-    if not tensors:
-        return None
-    if tensors[0].requires_grad:  # parameters: no autograd graph for a reading
+    if tensors and tensors[0].requires_grad:  # parameters: no autograd graph for a reading
         with torch.no_grad():
             return gradient_norm(tensors)
     # Gradients (the every-step case): no no_grad() block, which alone cost ~10 µs a step in the loop.
