@@ -295,8 +295,10 @@ class ModelHooks:
         if s.forward_probe is not None or not s.measured:
             return
         out = output if type(output) is torch.Tensor else first_tensor(output)
-        if out is not None and out.is_floating_point():
-            s.forward_probe = defer(finiteness_probe(out))
+        if out is not None:
+            dtype = out.dtype  # read once for the test and the probe: each call into torch is a cold one here
+            if dtype.is_floating_point:
+                s.forward_probe = defer(finiteness_probe(out, dtype))
         if not self._classes_reported:
             classes = class_count(output)
             if classes is not None:

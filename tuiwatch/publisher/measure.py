@@ -38,16 +38,17 @@ def gradient_norm(tensors: Sequence[torch.Tensor]) -> Any:
         return torch.nn.utils.get_total_norm(tensors, foreach=True)
 
 
-def finiteness_probe(t: torch.Tensor) -> torch.Tensor:
+def finiteness_probe(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A scalar that is finite iff every element of ``t`` is (one reduction kernel).
 
     The sum is taken in at least float32, which only overflows beyond ~3e38,
     far outside what activations and inputs hold; a NaN or inf anywhere makes
-    it non-finite.
+    it non-finite. ``dtype`` is ``t.dtype`` where the caller has read it already.
     """
     if t.requires_grad:  # an output: no graph for a reading (a batch tensor needs no detach)
         t = t.detach()
-    dtype = t.dtype
+    if dtype is None:
+        dtype = t.dtype
     return t.sum() if dtype is torch.float32 or dtype is torch.float64 else t.sum(dtype=torch.float32)
 
 
@@ -106,36 +107,52 @@ def _all_tensors(values: list[Any] | tuple[Any, ...]) -> bool:
 
 
 class BatchInfo:
-    """What the step record says about a batch, measured without a sync."""
+    """What the step record says about a batch, measured without a sync.
+
+    Runs on the training thread between the model's kernels, where every call
+    into torch is a cold one: each tensor's dtype is read once and serves the
+    probe and the token count, and the size comes from the shapes already
+    read (1-3 µs a batch less than asking each tensor again).
+    """
 
     __slots__ = ("finite_probe", "nbytes", "shape", "size", "tokens")
 
     def __init__(self, batch: Any):
-        tensors: list[torch.Tensor] = []
-        mapping = False
         kind = type(batch)
+        mapping = False
+        tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]
         if (kind is tuple or kind is list) and _all_tensors(batch):
-            tensors += batch  # the usual (inputs, targets): no walk (~4 µs of an 11 µs probe)
-            self.shape = [list(t.shape) for t in tensors]
+            tensors = batch  # the usual (inputs, targets): no walk (~4 µs of an 11 µs probe)
+            self.shape = shapes = [list(t.shape) for t in tensors]
         else:
+            tensors = []
             self.shape = _shape_and_tensors(batch, tensors)
+            shapes = [list(t.shape) for t in tensors[:1]]
             mapping = isinstance(batch, Mapping)
         nbytes = 0
         probe: torch.Tensor | None = None
+        first_dtype = None
         for t in tensors:
             nbytes += t.nbytes
-            if t.is_floating_point():
-                value = finiteness_probe(t)
+            dtype = t.dtype
+            if first_dtype is None:
+                first_dtype = dtype
+            if dtype.is_floating_point:
+                value = finiteness_probe(t, dtype)
                 probe = value if probe is None else probe + value
         self.nbytes = nbytes
         self.finite_probe: Any = None if probe is None else defer(probe)
-        first = tensors[0] if tensors else None
-        shape = first.shape if first is not None else ()
+        shape = shapes[0] if shapes else []
         self.size: int | None = shape[0] if shape else None
         self.tokens: Any = None
         mask = batch.get("attention_mask") if mapping else None
         if isinstance(mask, torch.Tensor):
             self.tokens = defer(mask.sum())
-        elif len(shape) >= 2 and first is not None and not first.is_floating_point() and not first.is_complex():
+        elif (
+            len(shape) >= 2
+            and first_dtype is not None
+            and not first_dtype.is_floating_point
+            and not first_dtype.is_complex
+        ):
             # Token ids first ((batch, time) integers, as a language model's batch starts): no mask, no padding.
-            self.tokens = first.numel()
+            self.tokens = math.prod(shape)
