@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tuiwatch.ledger.chain import read_run
+
 from ..helpers import SCRIPTS, env_for, ledger_file, records
 from .keys import checkpoint_then_stop
 
@@ -82,7 +84,13 @@ def test_c_makes_the_trainers_checkpoint_that_resume_accepts_and_s_stops(tmp_pat
     train(out, resumed_runs, socket_dir, "--resume", str(checkpoint), "--steps", str(step_c + 4))
     history = json.loads((out / "log_history.json").read_text())
     assert history[-1]["step"] == step_c + 4
-    assert len(records(ledger_file(resumed_runs), "step")) == 4
+    resumed_ledger = ledger_file(resumed_runs)
+    assert [s["step"] for s in records(resumed_ledger, "step")] == list(range(step_c, step_c + 4))  # from its step
+    link = records(resumed_ledger, "resumed")[0]["resumed_from"]
+    assert (link["step"], link["checkpoint"]) == (step_c, str(checkpoint))
+    assert Path(link["ledger"]).resolve() == ledger.resolve()  # named in the file beside trainer_state.json
+    # report reads the two ledgers as one run: the first up to c's step, then the resumed one.
+    assert [r["step"] for r in read_run(resumed_ledger).records if r["kind"] == "step"] == list(range(step_c + 4))
 
 
 def test_a_nan_stops_the_trainer_before_its_update_naming_the_loss(tmp_path: Path, socket_dir: Path):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tuiwatch.ledger.chain import read_run
 from tuiwatch.ledger.ranks import rank_ledgers
 
 from ..helpers import SCRIPTS, env_for, ledger_file, records
@@ -106,7 +107,14 @@ def test_c_saves_a_lightning_checkpoint_that_fit_resumes_and_s_stops(tmp_path: P
     resumed = fit(tmp_path, socket_dir, "--resume", str(checkpoint), "--epochs", "2", name="resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "trained to step 32 with" in resumed.stdout
-    assert len(records(ledger_file(tmp_path / "resumed"), "step")) == 32 - saved["steps_done"]
+    resumed_ledger = ledger_file(tmp_path / "resumed")
+    at = saved["steps_done"]
+    assert [s["step"] for s in records(resumed_ledger, "step")] == list(range(at, 32))  # numbered on from c's step
+    link = records(resumed_ledger, "resumed")[0]["resumed_from"]
+    assert (link["step"], link["checkpoint"]) == (at, str(checkpoint))
+    assert Path(link["ledger"]).resolve() == ledger_file(tmp_path / "runs").resolve()  # named in Lightning's file
+    # report reads the two ledgers as one run: the first up to c's step, then the resumed one.
+    assert [r["step"] for r in read_run(resumed_ledger).records if r["kind"] == "step"] == list(range(32))
 
 
 def test_the_ddp_strategys_ranks_are_one_job_with_the_same_reduced_gradients(tmp_path: Path, socket_dir: Path):

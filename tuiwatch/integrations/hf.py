@@ -21,6 +21,10 @@ Trainer's own events and the Watch's hooks:
 - the **loss** is the sum of the scalars ``backward()`` ran on during the
   step (loss.py): the Trainer's per-step training loss;
 - ``on_evaluate``'s metrics are ``eval`` records (``eval_loss`` as ``loss``);
+- a run resumed from a Trainer checkpoint (``train(resume_from_checkpoint=...)``)
+  numbers its steps on from the checkpoint's ``global_step``, and links back to
+  the ledger of the run that saved it (resumed.py): a file beside
+  ``trainer_state.json`` in each ``checkpoint-N`` the Trainer saves;
 - keys: ``c`` sets ``control.should_save`` (the Trainer's own checkpoint,
   which ``resume_from_checkpoint`` accepts), ``s`` sets
   ``control.should_training_stop`` (after that checkpoint), ``p`` pauses at
@@ -41,13 +45,13 @@ try:
 except ImportError as exc:  # named without transformers installed: one line that says what to install
     raise ImportError(f"tuiwatch.hf needs transformers 5 ({exc}): pip install 'tuiwatch[hf]'") from None
 
+from tuiwatch.integrations import resumed
 from tuiwatch.integrations.loss import BackwardLoss
 from tuiwatch.integrations.metrics import eval_metrics
 from tuiwatch.publisher.hooks import ForwardHook
 from tuiwatch.publisher.watch import Watch
 
 NOT_SEEN = [
-    "the step of the Trainer's resumed run: ledger steps count from 0 in each train() call",
     "data wait is the time between steps, less logging, evaluation and saving (the Trainer prefetches a step)",
 ]
 
@@ -87,6 +91,15 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
             **options,
         )
         self._args, self._state, self._control = args, state, control
+        if state.global_step:  # resumed from a checkpoint: the ledger goes on from its step, linked to its run
+            step = int(state.global_step)
+            saved = os.path.join(args.output_dir, f"checkpoint-{step}")  # where the Trainer saves that step
+            found = os.path.isdir(saved)
+            rank = self.watch.run_record["rank"]
+            where = resumed.read_sidecar(saved, rank) if found else None
+            self.watch._continue_at(
+                step, resumed.link(where, step=step, checkpoint=saved if found else None, rank=rank)
+            )
         self.loss.install()
         # ForwardHook: held weakly, and left out of copies of the model as the Watch's own hook is (pickling.py).
         self._hook = model.register_forward_pre_hook(ForwardHook(self._before_forward), with_kwargs=True)
@@ -148,6 +161,8 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
         self._idle_since = time.perf_counter()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # This rank's link beside the checkpoint the Trainer just wrote: a run resumed from it links back here.
+        resumed.write_sidecar(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), self.watch)
         self._idle_since = time.perf_counter()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:

@@ -22,6 +22,10 @@ per optimizer step (``step_per="optimizer"``), from Lightning's hooks:
 - **validation** is one ``eval`` record at the step it ran after: the metrics
   it logged (the ``callback_metrics`` that changed during it), ``val_`` taken
   off, and ``training`` as the model's forwards saw it;
+- a run resumed with ``Trainer.fit(ckpt_path=...)`` numbers its steps on from
+  the checkpoint's ``global_step`` and links back to the ledger of the run that
+  saved it, which the callback's state in every Lightning checkpoint names
+  (resumed.py);
 - keys: ``c`` calls ``trainer.save_checkpoint`` at the step's end (on every
   rank: it is collective), which ``Trainer.fit(ckpt_path=...)`` resumes; ``s``
   saves the same way and sets ``trainer.should_stop``; ``p`` pauses at the
@@ -38,6 +42,7 @@ from typing import Any
 
 import torch
 
+from tuiwatch.integrations import resumed
 from tuiwatch.integrations.loss import BackwardLoss
 from tuiwatch.integrations.metrics import eval_metrics
 from tuiwatch.publisher.watch import Watch
@@ -81,6 +86,7 @@ class _Hooks:
         self._epoch: int | None = None
         self._validation: ExitStack | None = None
         self._metrics_before: dict[str, Any] = {}
+        self._saved: dict[str, Any] | None = None  # what the checkpoint fit() resumes from kept of its run
 
     # --- the run --------------------------------------------------------------------
 
@@ -105,7 +111,23 @@ class _Hooks:
             integration={"by": "tuiwatch.lightning.TuiwatchCallback", "not_seen": NOT_SEEN},
             **options,
         )
+        if trainer.global_step:  # fit(ckpt_path=...): the ledger goes on from its step, linked to its run
+            step, path = int(trainer.global_step), trainer.ckpt_path
+            link = resumed.link(
+                self._saved,
+                step=step,
+                checkpoint=None if path is None else str(path),
+                rank=self.watch.run_record["rank"],
+            )
+            self.watch._continue_at(step, link)
         self._idle_since = time.perf_counter()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Kept by Lightning in every checkpoint: the link a run resumed from it writes (resumed.py)."""
+        return resumed.saved_state(self.watch)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._saved = state_dict
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.watch is not None:

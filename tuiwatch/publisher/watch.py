@@ -420,6 +420,13 @@ class Watch:
         self._pipeline.put({"kind": "resumed", "t": time.time(), "resumed_from": resume.link(ckpt)})
         return ckpt
 
+    def _continue_at(self, step: int, resumed_from: dict[str, Any]) -> None:
+        """An integration's framework restored its own checkpoint: the steps go on from its count of optimizer
+        steps (one ledger step each), and a ``resumed`` record links back, as :meth:`restore` writes."""
+        tracker = self._tracker
+        tracker.step = tracker.opt_steps = step
+        self._pipeline.put({"kind": "resumed", "t": time.time(), "resumed_from": resumed_from})
+
     def _load(self, ckpt: Checkpoint) -> None:
         resume.restore(ckpt, self._parts, self._tracker)
         self.extra_state = ckpt.extra  # the loop's own state, back (then its own again)
