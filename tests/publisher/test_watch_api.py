@@ -65,6 +65,25 @@ def test_bad_arguments_are_refused_with_one_line(run_root: Path, socket_dir: Pat
             watch.log(loss="low")
 
 
+def test_numpy_numbers_are_logged_as_plain_numbers_nan_included(run_root: Path, socket_dir: Path):
+    # sklearn's metrics and many loops' running means are numpy scalars: orjson refuses them, which cost the
+    # publisher thread a whole batch of records (the status went degraded) before they were logged as plain numbers.
+    np = pytest.importorskip("numpy")
+    model, opt = _mlp()
+    with Watch(model, opt, run_dir=run_root, on_nonfinite="warn") as watch:
+        for x, y in watch.batches(_data(2)):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss, acc=np.float64(0.75), right=np.int64(3), half=np.float32(0.5), auc=np.float64("nan"))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        assert watch.status == "live"
+    steps = [r for r in _ledger(watch) if r["kind"] == "step"]
+    assert [(s["acc"], s["right"], s["half"]) for s in steps] == [(0.75, 3, 0.5)] * 2
+    assert all(type(s["right"]) is int for s in steps)
+    assert all(math.isnan(s["auc"]) for s in steps)  # written as "nan", never as null
+
+
 def test_gradient_accumulation_puts_optimizer_fields_on_stepping_steps_only(run_root: Path, socket_dir: Path):
     model, opt = _mlp()
     with Watch(model, opt, run_dir=run_root) as watch:

@@ -8,6 +8,7 @@ recorded (``every``).
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable
 from typing import Any
@@ -160,8 +161,12 @@ def add_metrics(target: dict[str, Any], metrics: dict[str, Any]) -> None:
             if value.numel() != 1:
                 raise ValueError(f"tuiwatch: log({key}=...) needs a scalar, got a tensor of shape {list(value.shape)}")
             target[key] = defer(value)
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            # An int past 64 bits cannot be written as a JSON number by the ledger's encoder: its float instead.
-            target[key] = float(value) if type(value) is int and not -(2**63) <= value < 2**63 else value
+        elif type(value) is float or (type(value) is int and -(2**63) <= value < 2**63):
+            target[key] = value
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            # numpy's scalars (sklearn's metrics), an IntEnum: the ledger's encoder takes only plain numbers. An int
+            # past 64 bits cannot be written as a JSON number by it either: its float instead.
+            number = int(value) if isinstance(value, numbers.Integral) else float(value)
+            target[key] = float(number) if type(number) is int and not -(2**63) <= number < 2**63 else number
         else:
             raise TypeError(f"tuiwatch: log({key}=...) needs a number or a scalar tensor, got {type(value).__name__}")
