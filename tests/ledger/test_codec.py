@@ -141,3 +141,32 @@ def test_a_line_longer_than_any_record_is_skipped_in_bounded_memory(tmp_path: Pa
     reader = read_ledger(ledger)
     assert [r["step"] for r in reader] == [0, 2]
     assert reader.skipped == 2  # the long line, and the long unterminated tail
+
+
+def written(value: object) -> object:
+    """What a line must hold for ``value``: non-finite floats as text, tuples as lists, the rest as it is."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: written(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [written(v) for v in value]
+    return value
+
+
+@given(
+    st.dictionaries(st.text(max_size=6), any_values, max_size=6),
+    any_values,
+    st.sampled_from(["plain", "null", "a null and a null"]),
+)
+def test_no_nan_or_inf_is_ever_written_as_null(fields, finite, text):
+    # encode trusts a line whose nulls match the record's counted Nones; text holding "null", Nones nested
+    # deeper than it counts, and each non-finite value must all end in the scan, never in a silent null.
+    record = {**fields, "kind": "step", "finite": finite, "name": text}
+    assert orjson.loads(encode(record)) == written(record)
+
+
+def test_a_step_record_without_nan_is_written_as_orjson_writes_it():
+    record = {"kind": "step", "loss": 0.5, "param_norm": None, "finite": {"batch": True, "param": None}}
+    assert encode(record) == orjson.dumps(record) + b"\n"
+    assert orjson.loads(encode({**record, "param_norm": math.nan}))["param_norm"] == "nan"
