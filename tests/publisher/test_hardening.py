@@ -173,3 +173,22 @@ def test_when_space_returns_the_ledger_records_the_gap_and_goes_on(run_root: Pat
     assert on_disk[-1]["reason"] == "finished"
     report = as_text(summarize(on_disk))
     assert f"missing    {gap['records']} records the disk could not take (see the gap records)" in report
+
+
+def test_a_viewer_still_in_the_listen_backlog_at_close_is_served_the_run_not_reset(tmp_path: Path):
+    import selectors
+
+    from tuiwatch.ledger.writer import MemoryTail
+    from tuiwatch.publisher.background.server import Server, bind_private_socket
+
+    path = tmp_path / "run.sock"
+    store = MemoryTail()
+    run_line = encode({"kind": "run", "t": 0.0, "name": "closing"})
+    store.append(run_line + encode({"kind": "step", "step": 0}) + encode({"kind": "end", "reason": "finished"}))
+    with selectors.DefaultSelector() as selector:
+        server = Server(bind_private_socket(path), path, store, run_line, lambda command: None, selector)
+        viewer = connect(path, timeout=10)  # connected in the kernel; nobody has accepted it yet
+        server.close()
+        received = list(iter_records(viewer))  # ConnectionResetError before the close took the backlog in
+    viewer.close()
+    assert [r["kind"] for r in received] == ["run", "step", "end"]
