@@ -117,3 +117,21 @@ def test_attach_takes_no_bell_into_the_app_options():
     options = viewer_options(build_parser().parse_args(["attach", "--no-bell", "--fps", "10", "x"]))
     assert (options["fps"], options["bell"], options["baseline"]) == (10.0, False, None)
     assert viewer_options(build_parser().parse_args(["attach", "x"]))["bell"] is True
+
+
+def test_a_resumed_record_shows_where_the_run_was_resumed_from():
+    # watch.restore() and the Lightning and Trainer callbacks link back in a resumed record, not in the run record.
+    from tuiwatch.viewer.state import RunState
+
+    state = RunState()
+    state.apply_all(
+        [
+            {"kind": "run", "t": 0.0, "name": "resumed", "resumed_from": None},
+            {"kind": "resumed", "t": 0.1, "resumed_from": {"checkpoint": "/out/checkpoint-40", "step": 40}},
+            {"kind": "resumed", "t": 0.2, "resumed_from": {"checkpoint": "/elsewhere", "step": 7}},  # the first counts
+            {"kind": "resumed", "t": 0.3, "resumed_from": "not a link"},
+        ]
+    )
+    assert dict(run_info(state.run, {}))["resumed from"] == "/out/checkpoint-40, step 40"
+    state.apply({"kind": "run", "t": 1.0, "name": "next part"})  # a later part of a replayed chain starts afresh
+    assert "resumed from" not in dict(run_info(state.run, {}))

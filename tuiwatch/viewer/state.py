@@ -10,7 +10,7 @@ ledger may come from anywhere.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tuiwatch.analysis.format import json_text, size
@@ -136,6 +136,13 @@ class RunState:
         self.run = r
         self.status = "live"
         self.end_reason = None
+
+    def _resumed(self, r: Record) -> None:
+        # watch.restore() or a framework's resume (Lightning, the Trainer) links back here, not in the run
+        # record: the run's info shows it all the same.
+        link = r.get("resumed_from")
+        if isinstance(link, Mapping) and not isinstance(self.run.get("resumed_from"), Mapping):
+            self.run = {**self.run, "resumed_from": link}
 
     def _step(self, r: Record) -> None:
         step = integer(r.get("step"))
@@ -303,6 +310,7 @@ def _add_metrics(series: dict[str, Series], r: Record, skip: Iterable[str], step
 
 _HANDLERS = {
     "run": RunState._run,
+    "resumed": RunState._resumed,
     "step": RunState._step,
     "eval": RunState._eval,
     "system": RunState._system,
