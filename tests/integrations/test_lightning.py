@@ -118,7 +118,7 @@ def test_c_saves_a_lightning_checkpoint_that_fit_resumes_and_s_stops(tmp_path: P
 
 
 def test_the_ddp_strategys_ranks_are_one_job_with_the_same_reduced_gradients(tmp_path: Path, socket_dir: Path):
-    done = fit(tmp_path, socket_dir, "--devices", "2")
+    done = fit(tmp_path, socket_dir, "--devices", "2", "--checkpoint-dir", str(tmp_path / "checkpoints"))
     assert done.returncode == 0, done.stderr[-3000:]
     (job,) = (tmp_path / "runs").iterdir()  # Lightning's launcher starts rank 1 itself: one job all the same
     ledgers = rank_ledgers(job)
@@ -130,3 +130,18 @@ def test_the_ddp_strategys_ranks_are_one_job_with_the_same_reduced_gradients(tmp
     assert [len(s) for s in steps] == [STEPS_PER_EPOCH, STEPS_PER_EPOCH]  # each rank half the data, 2 epochs
     # After DDP's all-reduce both ranks hold the same gradients: the same pre-clip norms, step by step.
     assert [s["grad_norm"] for s in steps[0]] == pytest.approx([s["grad_norm"] for s in steps[1]], rel=1e-6)
+
+    # Resumed from the first epoch's ModelCheckpoint, which holds rank 0's state only: each rank numbers its steps
+    # on from the checkpoint's step and links to its own ledger of the first job, and reads as one run with it.
+    first_epoch = tmp_path / "checkpoints" / f"epoch=0-step={STEPS_PER_EPOCH // 2}.ckpt"
+    again = fit(tmp_path, socket_dir, "--devices", "2", "--resume", str(first_epoch), name="resumed")
+    assert again.returncode == 0, again.stderr[-3000:]
+    (resumed_job,) = (tmp_path / "resumed").iterdir()
+    resumed = rank_ledgers(resumed_job)
+    assert sorted(resumed) == [0, 1]
+    for rank, ledger in resumed.items():
+        assert [s["step"] for s in records(ledger, "step")] == list(range(STEPS_PER_EPOCH // 2, STEPS_PER_EPOCH))
+        link = records(ledger, "resumed")[0]["resumed_from"]
+        assert (link["step"], link["checkpoint"]) == (STEPS_PER_EPOCH // 2, str(first_epoch))
+        assert Path(link["ledger"]).resolve() == ledgers[rank].resolve()
+        assert [r["step"] for r in read_run(ledger).records if r["kind"] == "step"] == list(range(STEPS_PER_EPOCH))

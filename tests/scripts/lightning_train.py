@@ -1,7 +1,7 @@
 """A LightningModule on synthetic data, trained by a Lightning Trainer with tuiwatch's one line.
 
     python tests/scripts/lightning_train.py --root DIR --run-dir RUNS [--epochs 2] [--accumulate 2]
-        [--clip 1.0] [--nan-at STEP] [--devices 2] [--resume CKPT] [--truth FILE]
+        [--clip 1.0] [--nan-at STEP] [--devices 2] [--resume CKPT] [--checkpoint-dir DIR] [--truth FILE]
 
 ``LIGHTNING_NAMESPACE=lightning.pytorch`` trains with that namespace's Trainer (default ``pytorch_lightning``).
 The module writes what it computed to ``--truth`` (each training batch's loss as it was backpropagated, and
@@ -85,11 +85,15 @@ def main() -> None:
     p.add_argument("--on-nonfinite", default="stop")
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--resume", default=None)
+    p.add_argument("--checkpoint-dir", default=None, help="Lightning's own ModelCheckpoint: one checkpoint an epoch")
     p.add_argument("--truth", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
     model = Classifier(args.accumulate, args.nan_at)
+    checkpoints = []
+    if args.checkpoint_dir:
+        checkpoints.append(pl.callbacks.ModelCheckpoint(dirpath=args.checkpoint_dir, save_top_k=-1, every_n_epochs=1))
     trainer = pl.Trainer(
         default_root_dir=args.root,
         max_epochs=args.epochs,
@@ -99,11 +103,12 @@ def main() -> None:
         accumulate_grad_batches=args.accumulate,
         gradient_clip_val=args.clip,
         callbacks=[
-            tuiwatch.lightning.TuiwatchCallback(run_dir=args.run_dir, name="lit", on_nonfinite=args.on_nonfinite)
+            tuiwatch.lightning.TuiwatchCallback(run_dir=args.run_dir, name="lit", on_nonfinite=args.on_nonfinite),
+            *checkpoints,
         ],
         enable_progress_bar=False,
         enable_model_summary=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(checkpoints),
         logger=False,
         num_sanity_val_steps=1,
     )
