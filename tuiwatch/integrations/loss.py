@@ -2,9 +2,10 @@
 
 That sum is what the update descends: with gradient accumulation, a loop that
 divides each micro-batch's loss by N gets the mean, one that does not gets the
-sum, and a Trainer's per-step loss is the same sum. ``Tensor.backward`` and
-``GradScaler.scale`` are wrapped while a :class:`BackwardLoss` is installed; a
-tensor that ``scale`` returned counts as the loss it scaled.
+sum, and a Trainer's per-step loss is the same sum. ``Tensor.backward``,
+``torch.autograd.backward`` and ``GradScaler.scale`` are wrapped while a
+:class:`BackwardLoss` is installed; a tensor that ``scale`` returned counts as
+the loss it scaled.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 
-def wrap_attribute(owner: type, name: str, make: Callable[[Any], Any]) -> Callable[[], None]:
+def wrap_attribute(owner: Any, name: str, make: Callable[[Any], Any]) -> Callable[[], None]:
     """Replace ``owner.name`` with ``make(original)``; returns what puts the original back."""
     original = owner.__dict__[name]
     setattr(owner, name, make(original))
@@ -28,10 +29,12 @@ class BackwardLoss:
         self.total: torch.Tensor | None = None
         self.enabled = True
         self._scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
+        self._in_tensor_backward = False  # Tensor.backward calls torch.autograd.backward: counted once
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
         self._undo.append(wrap_attribute(torch.Tensor, "backward", self._backward))
+        self._undo.append(wrap_attribute(torch.autograd, "backward", self._autograd_backward))
         self._undo.append(wrap_attribute(torch.amp.GradScaler, "scale", self._scale))
 
     def remove(self) -> None:
@@ -49,12 +52,34 @@ class BackwardLoss:
         total, self.total = self.total, None
         return total
 
+    def _count(self, tensor: torch.Tensor) -> None:
+        if self.enabled and tensor.numel() == 1:
+            scaled = self._scaled
+            self.add(scaled[1] if scaled is not None and scaled[0]() is tensor else tensor)
+
     def _backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def backward(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            if self.enabled and tensor.numel() == 1:
-                scaled = self._scaled
-                self.add(scaled[1] if scaled is not None and scaled[0]() is tensor else tensor)
-            return original(tensor, *args, **kwargs)
+            self._count(tensor)
+            outer, self._in_tensor_backward = self._in_tensor_backward, True
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                self._in_tensor_backward = outer
+
+        return backward
+
+    def _autograd_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> Any:
+            # Called directly (a loop's torch.autograd.backward(loss)): its scalars with the implicit gradient of
+            # one are the loss; weighted ones (grad_tensors given) are not a loss to record.
+            weighted = grad_tensors is not None or kwargs.get("grad_variables") is not None
+            if not self._in_tensor_backward and not weighted:
+                # A tensor or a list or tuple of them (an iterator is not looked into: it would be used up).
+                many = tensors if isinstance(tensors, list | tuple) else (tensors,)
+                for tensor in many:
+                    if isinstance(tensor, torch.Tensor):
+                        self._count(tensor)
+            return original(tensors, grad_tensors, *args, **kwargs)
 
         return backward
 
