@@ -22,7 +22,8 @@ def loss_seen():
 def _loss(scale: float = 1.0) -> torch.Tensor:
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
-    return model(torch.ones(4, 3)).pow(2).mean() * scale
+    out: torch.Tensor = model(torch.ones(4, 3))
+    return out.pow(2).mean() * scale
 
 
 def test_tensor_backward_counts_its_loss_once(loss_seen: BackwardLoss):
