@@ -56,6 +56,11 @@ NOT_SEEN = [
 ]
 
 
+def _checkpoint_dir(args: Any, step: int) -> str:
+    """Where the Trainer saves (and, by default, resumes) the checkpoint of ``step``."""
+    return os.path.join(args.output_dir, f"checkpoint-{step}")
+
+
 class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
     """A ``TrainerCallback`` that publishes the Trainer's steps to ``tuiwatch attach``.
 
@@ -93,7 +98,7 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
         self._args, self._state, self._control = args, state, control
         if state.global_step:  # resumed from a checkpoint: the ledger goes on from its step, linked to its run
             step = int(state.global_step)
-            saved = os.path.join(args.output_dir, f"checkpoint-{step}")  # where the Trainer saves that step
+            saved = _checkpoint_dir(args, step)
             found = os.path.isdir(saved)
             rank = self.watch.run_record["rank"]
             where = resumed.read_sidecar(saved, rank) if found else None
@@ -153,7 +158,7 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
     def _trainer_checkpoint(self) -> str:
         """``c`` and ``s``: the Trainer saves after this step's ``on_step_end``, where it always saves."""
         self._control.should_save = True
-        return os.path.join(self._args.output_dir, f"checkpoint-{self._state.global_step}")
+        return _checkpoint_dir(self._args, self._state.global_step)
 
     # --- what follows a step: logging, evaluation, saving (none of it data wait) -------
 
@@ -162,7 +167,7 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # This rank's link beside the checkpoint the Trainer just wrote: a run resumed from it links back here.
-        resumed.write_sidecar(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), self.watch)
+        resumed.write_sidecar(_checkpoint_dir(args, state.global_step), self.watch)
         self._idle_since = time.perf_counter()
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
 from tuiwatch.publisher.background.pipeline import Pipeline
-from tuiwatch.publisher.deferred import PendingDuration, defer, device_mark
+from tuiwatch.publisher.deferred import PendingDuration, defer, defer_tensor, device_mark
 from tuiwatch.publisher.dumps import DUMP_LAG, KeptBatch, RecentBatches
 from tuiwatch.publisher.measure import BatchInfo
 from tuiwatch.publisher.pending import DeviceMemory, EvalState, StepState
@@ -139,8 +139,8 @@ class StepTracker:
                 torch.cuda.max_memory_allocated(index),
             )
             torch.cuda.reset_peak_memory_stats(index)
-        if isinstance(s.grad_norm, torch.Tensor):  # clipped through watch.clip_grad_norm_, no optimizer step
-            s.grad_norm = defer(s.grad_norm)
+        # Still a tensor only when clipped through watch.clip_grad_norm_ without an optimizer step.
+        s.grad_norm = defer_tensor(s.grad_norm)
         if self.scaler is not None:
             scale = getattr(self.scaler, "_scale", None)  # the tensor itself: get_scale() would sync on CUDA
             if isinstance(scale, torch.Tensor):
@@ -161,8 +161,8 @@ def add_metrics(target: dict[str, Any], metrics: dict[str, Any]) -> None:
             if value.numel() != 1:
                 raise ValueError(f"tuiwatch: log({key}=...) needs a scalar, got a tensor of shape {list(value.shape)}")
             target[key] = defer(value)
-        elif type(value) is float or (type(value) is int and -(2**63) <= value < 2**63):
-            target[key] = value
+        elif type(value) is float:
+            target[key] = value  # the usual: a loss.item()
         elif isinstance(value, numbers.Real) and not isinstance(value, bool):
             # numpy's scalars (sklearn's metrics), an IntEnum: the ledger's encoder takes only plain numbers. An int
             # past 64 bits cannot be written as a JSON number by it either: its float instead.
