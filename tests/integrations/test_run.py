@@ -177,3 +177,21 @@ def test_a_script_without_an_optimizer_runs_and_is_told_nothing_was_watched(sock
     assert done.stdout == "trained\n"
     assert "no torch optimizer stepped in this script, so nothing was watched" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_lbfgs_closure_step_records_its_first_evaluation(run_root: Path, socket_dir: Path, tmp_path: Path):
+    """time_sequence_prediction's loop: LBFGS calls the closure up to max_iter times inside step(). The step's loss
+    and gradient norm are the first call's (at the weights the step starts from; what step() returns), not the sum
+    of every evaluation's losses and not the gradients the previous step left."""
+    truth_file = tmp_path / "truth.json"
+    done = run(
+        [*TUIWATCH, "--run-dir", str(run_root), str(SCRIPTS / "sine_lbfgs.py"), "--truth", str(truth_file)], socket_dir
+    )
+    assert done.returncode == 0, done.stderr
+    truth = json.loads(truth_file.read_text())
+    assert done.stdout.count("loss:") > 2 * len(truth)  # several evaluations a step, as LBFGS makes them
+    steps = records(ledger_file(run_root), "step")
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert [s["loss"] for s in steps] == pytest.approx([loss for loss, _ in truth], rel=1e-9)
+    assert [s["grad_norm"] for s in steps] == pytest.approx([norm for _, norm in truth], rel=1e-6)
+    assert steps[0]["update_norm"] > 0  # the weights before the closure's calls, against those after the step

@@ -28,6 +28,7 @@ class BackwardLoss:
     def __init__(self) -> None:
         self.total: torch.Tensor | None = None
         self.enabled = True
+        self.held = False  # the step's loss is complete (a closure's first call returned): nothing more counts
         self._scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
         self._in_tensor_backward = False  # Tensor.backward calls torch.autograd.backward: counted once
         self._undo: list[Callable[[], None]] = []
@@ -47,13 +48,18 @@ class BackwardLoss:
         value = loss.detach()
         self.total = value if self.total is None else self.total + value  # on the device: no sync
 
+    def hold(self) -> None:
+        """Count nothing more until the next :meth:`take`."""
+        self.held = True
+
     def take(self) -> torch.Tensor | None:
         """The sum since the last take (None when nothing was backpropagated); starts the next."""
         total, self.total = self.total, None
+        self.held = False
         return total
 
     def _count(self, tensor: torch.Tensor) -> None:
-        if self.enabled and tensor.numel() == 1:
+        if self.enabled and not self.held and tensor.numel() == 1:
             scaled = self._scaled
             self.add(scaled[1] if scaled is not None and scaled[0]() is tensor else tensor)
 

@@ -18,7 +18,9 @@ side, through hooks and patches that last while the script runs:
   (shapes, tokens, sample ids for a map-style loader); batches drawn in
   ``torch.no_grad()`` or with the model in ``eval()`` are validation's;
 - the **loss** is what the update descends: the sum of the scalars
-  ``backward()`` was called on since the last optimizer step (loss.py).
+  ``backward()`` was called on since the last optimizer step (loss.py); for
+  ``optimizer.step(closure)``, those of the closure's first call (LBFGS calls
+  it again at each of its inner iterations).
 
 What this cannot see is written in the run record (``integration``).
 """
@@ -46,6 +48,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from tuiwatch.errors import NonFiniteError, StopRequested
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.publisher import process
+from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
 from tuiwatch.publisher.watch import Watch
 
@@ -119,9 +122,20 @@ class ScriptWatch:
 
     # --- the optimizer: the Watch's start, and each step's end ------------------------
 
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self.optimizer is not None or self.declined:
-            return
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        if self.optimizer is None and not self.declined:
+            self._start(optimizer)
+        if optimizer is not self.optimizer or self.watch is None:
+            return None
+        self.loss.held = False  # (a step that raised after its closure's first call never reached take())
+        closure = step_closure(args, kwargs)
+        if closure is None:
+            return None
+        # LBFGS evaluates its closure many times a step: the loss is what the first call (at the step's weights)
+        # backpropagated, as the value step() returns.
+        return with_closure(args, kwargs, after_first_call(closure, self.loss.hold))
+
+    def _start(self, optimizer: torch.optim.Optimizer) -> None:
         if process.watches:
             self.declined = True
             self.loss.enabled = False
@@ -135,7 +149,8 @@ class ScriptWatch:
         integration = {
             "by": "tuiwatch run",
             "model": f"{type(model).__name__}: the outermost module holding the optimizer's parameters",
-            "loss": "the sum of the scalars backward() was called on between two optimizer steps",
+            "loss": "the sum of the scalars backward() was called on between two optimizer steps "
+            "(with step(closure): those of the closure's first call)",
             "not_seen": NOT_SEEN,
         }
         # Made inside this step's pre-hooks: torch runs the optimizer's own pre-hooks after the global ones, so

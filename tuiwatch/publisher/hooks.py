@@ -2,7 +2,8 @@
 
 - optimizer step pre-hook: the pre-clip gradient norm (unless
   ``clip_grad_norm_`` already gave it), the non-finite check of
-  ``on_nonfinite="stop"/"skip"``, and a copy of the parameters when the
+  ``on_nonfinite="stop"/"skip"`` (both when the closure's first call returns,
+  for ``optimizer.step(closure)``), and a copy of the parameters when the
   update norm is sampled;
 - optimizer step post-hook: lr per group, the parameter and update norms;
 - forward hook on the root module: the output's finiteness probe, the class
@@ -27,6 +28,7 @@ import torch
 
 from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
+from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.deferred import defer, defer_tensor, device_mark
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.measure import class_count, finiteness_probe, first_tensor, gradient_norm, total_norm
@@ -189,19 +191,24 @@ class ModelHooks:
             torch._foreach_sub_(before, params)  # in place: -(the update), whose norm is the update's
             return total_norm(before)
 
-    def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         tracker = self.tracker
         if tracker.off:
-            return
+            return None
         s = tracker.cur or tracker.current()
         s.opt_start = time.perf_counter()
         if s.device_start is not None:
             s.opt_start_mark = device_mark()
         params = self.params()
-        if not self.late_gradients:
+        closure = None if self.late_gradients else step_closure(args, kwargs)
+        if not self.late_gradients and closure is None:
             self._measure_gradients(s, params)
         if s.measured and tracker.opt_steps % self.update_norm_every == 0 and not s.opt_skipped:
-            self._before_update = self._snapshot(params)
+            self._before_update = self._snapshot(params)  # before the closure too: the weights the step starts from
+        if closure is None:
+            return None
+        # The gradients here are the last step's: this step's are made by the closure's first call (closures.py).
+        return with_closure(args, kwargs, after_first_call(closure, lambda: self._measure_gradients(s, params)))
 
     def gradients_ready(self) -> None:
         """``late_gradients``: this step's gradients are complete (after backward, before any clipping)."""
