@@ -195,3 +195,56 @@ def test_an_lbfgs_closure_step_records_its_first_evaluation(run_root: Path, sock
     assert [s["loss"] for s in steps] == pytest.approx([loss for loss, _ in truth], rel=1e-9)
     assert [s["grad_norm"] for s in steps] == pytest.approx([norm for _, norm in truth], rel=1e-6)
     assert steps[0]["update_norm"] > 0  # the weights before the closure's calls, against those after the step
+
+
+NANOGPT_SHAPED = """
+import json, sys, time
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+data = torch.randint(0, 16, (2000,))
+model = nn.Sequential(nn.Embedding(16, 8), nn.Flatten(), nn.Linear(64, 16))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+def get_batch():
+    ix = torch.randint(len(data) - 9, (4,))
+    return torch.stack([data[i : i + 8] for i in ix]), data[ix + 8]
+
+@torch.no_grad()
+def estimate_loss():
+    model.eval()
+    t0 = time.perf_counter()
+    losses = [nn.functional.cross_entropy(model(x), y).item() for x, y in (get_batch() for _ in range(5))]
+    time.sleep(0.2)  # a long evaluation (the script's own work, as nanoGPT's 200 eval batches are)
+    model.train()
+    return sum(losses) / len(losses), time.perf_counter() - t0
+
+evals = {}
+X, Y = get_batch()
+for it in range(12):
+    if it % 4 == 0:  # at the top of the loop, as nanoGPT evaluates (and saves) before the step's forward
+        _, evals[it] = estimate_loss()
+    loss = nn.functional.cross_entropy(model(X), Y)
+    X, Y = get_batch()  # the next batch, fetched during this step
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+json.dump(evals, open(sys.argv[1], "w"))
+"""
+
+
+def test_a_loop_without_a_loader_opens_its_steps_at_the_training_forward(socket_dir: Path, tmp_path: Path):
+    """nanoGPT's loop draws no DataLoader batch and evaluates at the top of its loop: that evaluation (0.2 s here)
+    is no step's compute time. Before, each step began where the last ended and took the evaluation in."""
+    script, truth = tmp_path / "nanogpt_shaped.py", tmp_path / "evals.json"
+    script.write_text(NANOGPT_SHAPED)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    evals = {int(k): v for k, v in json.loads(truth.read_text()).items()}
+    steps = records(ledger_file(tmp_path / "runs"), "step")
+    assert [s["step"] for s in steps] == list(range(12))  # each iteration one step; the evaluations none
+    # Step 0 is the Watch's first (made inside it); from step 1 on, a step is its forward, backward and update.
+    for it in (4, 8):
+        assert 0 < steps[it]["compute_s"] < evals[it], (it, steps[it]["compute_s"], evals[it])
+        assert 0 < steps[it]["forward_s"] < evals[it]

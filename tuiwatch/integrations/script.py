@@ -12,7 +12,10 @@ side, through hooks and patches that last while the script runs:
   the GradScaler, the ones built on that optimizer, found once, then;
 - a **step** ends when that optimizer's ``step()`` returns (torch's global
   post-hook): viewer commands run there. Micro-batches before it fold into
-  it (``step_per="optimizer"``);
+  it (``step_per="optimizer"``). The next opens at the next training batch
+  from a loader or, in a loop that draws none, at the model's next forward
+  in training mode with gradients enabled: what runs between (validation,
+  saving, logging) is no step's time;
 - **data**: each batch drawn from a torch DataLoader while gradients are
   enabled and the model is in training mode is timed (data wait) and recorded
   (shapes, tokens, sample ids for a map-style loader); batches drawn in
@@ -49,6 +52,7 @@ from tuiwatch.errors import NonFiniteError, StopRequested
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.publisher import process
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
+from tuiwatch.publisher.hooks import ForwardHook
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
 from tuiwatch.publisher.watch import Watch
 
@@ -104,6 +108,9 @@ class ScriptWatch:
         self.epochs = 0  # training epochs begun: a training loader's first batch of an iteration
         self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
         self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
+        self._step_opened = False  # a loader's batch (or, without one, the first training forward) opened it
+        self._steps_ended = 0
+        self._forward_hook: Any = None
         self._undo: list[Callable[[], None]] = []
 
     # --- installing ------------------------------------------------------------------
@@ -178,7 +185,28 @@ class ScriptWatch:
         loss = self.loss.take()
         if loss is not None:
             watch.log(loss=loss)
+        self._steps_ended += 1
+        if not self._step_opened and self._steps_ended > 1 and self._forward_hook is None:
+            self._open_steps_at_forwards(watch)
+        self._step_opened = False
         watch.end_step()  # raises StopRequested when a viewer asked the run to stop
+
+    def _open_steps_at_forwards(self, watch: Watch) -> None:
+        """No loader batch opened this step (the first one's was drawn before the Watch existed): from now on the
+        model's first training forward after a step's end opens the next, so that what the loop does in between
+        (nanoGPT evaluates and saves at the top of its loop) is no step's compute time."""
+        # ForwardHook: held weakly, and left out of copies of the model as the Watch's own hook is (pickling.py).
+        handle = watch.model.register_forward_pre_hook(ForwardHook(self._before_forward), with_kwargs=True)
+        self._forward_hook = handle
+        self._undo.append(handle.remove)
+
+    def _before_forward(self, module: Any, args: Any, kwargs: Any) -> None:
+        if self._step_opened or not module.training or not torch.is_grad_enabled():
+            return  # a micro-batch of the open step, or evaluation's forwards
+        watch = self.watch
+        if watch is not None:
+            self._step_opened = True
+            watch.step(run_commands=False)  # a viewer's commands still run where steps end
 
     # --- the data ---------------------------------------------------------------------
 
@@ -213,6 +241,7 @@ class ScriptWatch:
             first = getattr(it, "_num_yielded", None) == 1  # an epoch's first batch (a persistent iterator too)
             self.epochs += first
             if watch is not None:
+                self._step_opened = True
                 watch.step(batch, ids=ids, data_wait_s=wait)
                 if first:
                     watch.log(epoch=self.epochs - 1)
