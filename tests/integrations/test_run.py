@@ -248,3 +248,5 @@ def test_a_loop_without_a_loader_opens_its_steps_at_the_training_forward(socket_
     for it in (4, 8):
         assert 0 < steps[it]["compute_s"] < evals[it], (it, steps[it]["compute_s"], evals[it])
         assert 0 < steps[it]["forward_s"] < evals[it]
+    # Opened at the forward, the steps see it: its output is checked (before, no forward fell inside a step).
+    assert [s["finite"]["forward"] for s in steps[2:]] == [True] * 10

@@ -58,7 +58,8 @@ from tuiwatch.publisher.watch import Watch
 
 NOT_SEEN = [
     "validation metrics (eval records): the script computes them itself",
-    "batches that do not come from a torch DataLoader: no data wait, shapes, ids, forward time or output check",
+    "batches that do not come from a torch DataLoader: no data wait, shapes or ids (the forward time and output "
+    "check from the second step on)",
     "the first optimizer step's data wait and timing: the Watch starts at that step",
     "optimizers other than the first that steps, and their models",
 ]
