@@ -250,3 +250,54 @@ def test_a_loop_without_a_loader_opens_its_steps_at_the_training_forward(socket_
         assert 0 < steps[it]["forward_s"] < evals[it]
     # Opened at the forward, the steps see it: its output is checked (before, no forward fell inside a step).
     assert [s["finite"]["forward"] for s in steps[2:]] == [True] * 10
+
+
+DCGAN_SHAPED = """
+import json, sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+netD = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1), nn.Sigmoid())
+netG = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+criterion = nn.BCELoss()
+optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-4, betas=(0.5, 0.999))
+optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-4, betas=(0.5, 0.999))
+dataloader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=8)
+truth = []
+for i, data in enumerate(dataloader, 0):
+    netD.zero_grad()  # (1) Update D network, as pytorch/examples' dcgan does
+    real_cpu = data[0]
+    label = torch.full((real_cpu.size(0),), 1.0)
+    errD_real = criterion(netD(real_cpu).view(-1), label)
+    errD_real.backward()
+    fake = netG(torch.randn(real_cpu.size(0), 4))
+    label.fill_(0.0)
+    errD_fake = criterion(netD(fake.detach()).view(-1), label)
+    errD_fake.backward()
+    errD = errD_real + errD_fake
+    optimizerD.step()
+    netG.zero_grad()  # (2) Update G network
+    label.fill_(1.0)
+    errG = criterion(netD(fake).view(-1), label)
+    errG.backward()
+    optimizerG.step()
+    truth.append([errD.item(), errG.item()])
+json.dump(truth, open(sys.argv[1], "w"))
+"""
+
+
+def test_a_gan_records_the_first_optimizers_loss_without_the_others(socket_dir: Path, tmp_path: Path):
+    """dcgan's loop: the discriminator's optimizer steps first and is watched; the generator's loss, backpropagated
+    after it and stepped on by the other optimizer, is not summed into the next discriminator step's."""
+    script, truth_file = tmp_path / "dcgan_shaped.py", tmp_path / "truth.json"
+    script.write_text(DCGAN_SHAPED)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth_file)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    truth = json.loads(truth_file.read_text())
+    ledger = ledger_file(tmp_path / "runs")
+    assert records(ledger, "run")[0]["model"] == "Sequential"
+    steps = records(ledger, "step")
+    assert len(steps) == len(truth) == 8
+    assert [s["loss"] for s in steps] == pytest.approx([err_d for err_d, _ in truth], rel=1e-6)

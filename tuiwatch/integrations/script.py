@@ -21,7 +21,8 @@ side, through hooks and patches that last while the script runs:
   (shapes, tokens, sample ids for a map-style loader); batches drawn in
   ``torch.no_grad()`` or with the model in ``eval()`` are validation's;
 - the **loss** is what the update descends: the sum of the scalars
-  ``backward()`` was called on since the last optimizer step (loss.py); for
+  ``backward()`` was called on since the last optimizer step (loss.py), less
+  what another optimizer stepped on in between (a GAN's generator); for
   ``optimizer.step(closure)``, those of the closure's first call (LBFGS calls
   it again at each of its inner iterations).
 
@@ -61,7 +62,7 @@ NOT_SEEN = [
     "batches that do not come from a torch DataLoader: no data wait, shapes or ids (the forward time and output "
     "check from the second step on)",
     "the first optimizer step's data wait and timing: the Watch starts at that step",
-    "optimizers other than the first that steps, and their models",
+    "optimizers other than the first that steps, and their models (their losses are left out)",
 ]
 
 
@@ -157,8 +158,8 @@ class ScriptWatch:
         integration = {
             "by": "tuiwatch run",
             "model": f"{type(model).__name__}: the outermost module holding the optimizer's parameters",
-            "loss": "the sum of the scalars backward() was called on between two optimizer steps "
-            "(with step(closure): those of the closure's first call)",
+            "loss": "the sum of the scalars backward() was called on between two optimizer steps, less those another "
+            "optimizer stepped on (with step(closure): those of the closure's first call)",
             "not_seen": NOT_SEEN,
         }
         # Made inside this step's pre-hooks: torch runs the optimizer's own pre-hooks after the global ones, so
@@ -181,7 +182,11 @@ class ScriptWatch:
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         watch = self.watch
-        if watch is None or optimizer is not self.optimizer:
+        if watch is None:
+            return
+        if optimizer is not self.optimizer:
+            # Another optimizer (a GAN's generator's) stepped on what was backpropagated since ours did: not our loss.
+            self.loss.take()
             return
         loss = self.loss.take()
         if loss is not None:
