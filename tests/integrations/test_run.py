@@ -175,7 +175,7 @@ def test_a_script_without_an_optimizer_runs_and_is_told_nothing_was_watched(sock
     done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script)], socket_dir)
     assert done.returncode == 0
     assert done.stdout == "trained\n"
-    assert "no torch optimizer stepped in this script, so nothing was watched" in done.stderr
+    assert "no torch optimizer stepped in this script's process, so nothing was watched" in done.stderr
     assert not (tmp_path / "runs").exists()
 
 
@@ -301,3 +301,39 @@ def test_a_gan_records_the_first_optimizers_loss_without_the_others(socket_dir: 
     steps = records(ledger, "step")
     assert len(steps) == len(truth) == 8
     assert [s["loss"] for s in steps] == pytest.approx([err_d for err_d, _ in truth], rel=1e-6)
+
+
+HOGWILD_SHAPED = """
+import torch
+import torch.multiprocessing as mp
+
+def train(rank, model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(5):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(4, 1)
+    model.share_memory()
+    processes = [mp.get_context("fork").Process(target=train, args=(rank, model)) for rank in range(2)]
+    for p in processes:
+        p.start()
+    for p in processes:
+        p.join()
+    print("exit codes", [p.exitcode for p in processes])
+"""
+
+
+def test_training_in_forked_children_is_not_watched_and_says_so(socket_dir: Path, tmp_path: Path):
+    """mnist_hogwild's shape: the workers inherit tuiwatch run's hooks through fork but exit with os._exit (no Watch
+    could end its ledger) and would be N runs of one name, so they are left unwatched, each saying so once."""
+    script = tmp_path / "hogwild_shaped.py"
+    script.write_text(HOGWILD_SHAPED)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "exit codes [0, 0]\n"
+    assert done.stderr.count("an optimizer stepped in a child process") == 2
+    assert "no torch optimizer stepped in this script's process, so nothing was watched" in done.stderr
+    assert not (tmp_path / "runs").exists()

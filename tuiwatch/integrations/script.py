@@ -32,6 +32,7 @@ What this cannot see is written in the run record (``integration``).
 from __future__ import annotations
 
 import gc
+import os
 import runpy
 import sys
 import threading
@@ -113,6 +114,7 @@ class ScriptWatch:
         self._step_opened = False  # a loader's batch (or, without one, the first training forward) opened it
         self._steps_ended = 0
         self._forward_hook: Any = None
+        self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
         self._undo: list[Callable[[], None]] = []
 
     # --- installing ------------------------------------------------------------------
@@ -145,6 +147,15 @@ class ScriptWatch:
         return with_closure(args, kwargs, after_first_call(closure, self.loss.hold))
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
+        if os.getpid() != self._pid:
+            # A forked child (hogwild's workers) exits without closing a Watch (os._exit: the ledger would lose its
+            # last steps and its end), and N children would be N runs of one name: the script's process only.
+            self.declined = True
+            self.loss.enabled = False
+            child = f"tuiwatch run: an optimizer stepped in a child process (pid {os.getpid()}); "
+            print(child + "tuiwatch run watches the script's own process only: put the three lines in the function "
+                  "the child runs", file=sys.stderr)  # fmt: skip
+            return
         if process.watches:
             self.declined = True
             self.loss.enabled = False
@@ -291,8 +302,9 @@ def run_script(
             hooks.watch.close(reason)
         elif not hooks.declined:
             # A loop that updates its weights by hand (p.data.add_(p.grad, ...)) has no step to find.
-            report("tuiwatch run: no torch optimizer stepped in this script, so nothing was watched; a loop that "
-                   "updates the weights itself needs the three lines (docs/integrations.md)")  # fmt: skip
+            report("tuiwatch run: no torch optimizer stepped in this script's process, so nothing was watched; a "
+                   "loop that updates the weights itself, or trains in processes the script starts (torch."
+                   "multiprocessing, mp.spawn), needs the three lines (docs/integrations.md)")  # fmt: skip
     return status
 
 
