@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -87,15 +87,17 @@ def class_count(output: Any) -> int | None:
     return width if width >= 2 else None
 
 
-def _shape_and_tensors(batch: Any, tensors: list[torch.Tensor]) -> Any:
-    """The batch with each tensor replaced by its shape; collects the tensors on the way."""
+def _shape_and_tensors(
+    batch: Any, tensors: list[torch.Tensor], shape: Callable[[torch.Tensor], Any] | None = None
+) -> Any:
+    """The batch with each tensor replaced by its shape (``shape(t)`` where given); collects the tensors on the way."""
     if isinstance(batch, torch.Tensor):
         tensors.append(batch)
-        return list(batch.shape)
+        return list(batch.shape) if shape is None else shape(batch)
     if isinstance(batch, list | tuple):
-        return [_shape_and_tensors(v, tensors) for v in batch]
+        return [_shape_and_tensors(v, tensors, shape) for v in batch]
     if isinstance(batch, Mapping):
-        return {str(k): _shape_and_tensors(v, tensors) for k, v in batch.items()}
+        return {str(k): _shape_and_tensors(v, tensors, shape) for k, v in batch.items()}
     return None
 
 
@@ -118,41 +120,85 @@ class BatchInfo:
     __slots__ = ("finite_probe", "nbytes", "shape", "size", "tokens")
 
     def __init__(self, batch: Any):
-        kind = type(batch)
-        mapping = False
-        tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]
-        if (kind is tuple or kind is list) and _all_tensors(batch):
-            tensors = batch  # the usual (inputs, targets): no walk (~4 µs of an 11 µs probe)
-            self.shape = shapes = [list(t.shape) for t in tensors]
-        else:
-            tensors = []
-            self.shape = _shape_and_tensors(batch, tensors)
-            shapes = [list(t.shape) for t in tensors[:1]]
-            mapping = isinstance(batch, Mapping)
-        nbytes = 0
-        probe: torch.Tensor | None = None
-        first_dtype = None
+        try:
+            kind = type(batch)
+            mapping = False
+            tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]
+            if (kind is tuple or kind is list) and _all_tensors(batch):
+                tensors = batch  # the usual (inputs, targets): no walk (~4 µs of an 11 µs probe)
+                self.shape = shapes = [list(t.shape) for t in tensors]
+            else:
+                tensors = []
+                self.shape = _shape_and_tensors(batch, tensors)
+                shapes = [list(t.shape) for t in tensors[:1]]
+                mapping = isinstance(batch, Mapping)
+            nbytes = 0
+            probe: torch.Tensor | None = None
+            first_dtype = None
+            for t in tensors:
+                nbytes += t.nbytes
+                dtype = t.dtype
+                if first_dtype is None:
+                    first_dtype = dtype
+                if dtype.is_floating_point:
+                    value = finiteness_probe(t, dtype)
+                    probe = value if probe is None else probe + value
+            self.nbytes = nbytes
+            self.finite_probe: Any = None if probe is None else defer(probe)
+            shape = shapes[0] if shapes else []
+            self.size: int | None = shape[0] if shape else None
+            self.tokens: Any = None
+            mask = batch.get("attention_mask") if mapping else None
+            if isinstance(mask, torch.Tensor):
+                self.tokens = defer(mask.sum())
+            elif (
+                len(shape) >= 2
+                and first_dtype is not None
+                and not first_dtype.is_floating_point
+                and not first_dtype.is_complex
+            ):
+                # Token ids first ((batch, time) integers, as a language model's batch starts): no mask, no padding.
+                self.tokens = math.prod(shape)
+        except Exception:  # a layout the usual path cannot read: never the training's failure
+            self._read_tolerantly(batch)
+
+    def _read_tolerantly(self, batch: Any) -> None:
+        """Each fact of each tensor on its own, None (or 0 bytes) where a tensor cannot say: a sparse COO tensor
+        has no ``nbytes``, a nested tensor of ragged parts no shape and no sum (GCN's sparse features, a model fed
+        nested tensors). Rare, so slow."""
+        tensors: list[torch.Tensor] = []
+        self.shape = _shape_and_tensors(batch, tensors, _shape_or_none)
+        self.nbytes = sum(_held_bytes(t) for t in tensors)
+        probe: Any = None
         for t in tensors:
-            nbytes += t.nbytes
-            dtype = t.dtype
-            if first_dtype is None:
-                first_dtype = dtype
-            if dtype.is_floating_point:
-                value = finiteness_probe(t, dtype)
-                probe = value if probe is None else probe + value
-        self.nbytes = nbytes
-        self.finite_probe: Any = None if probe is None else defer(probe)
-        shape = shapes[0] if shapes else []
-        self.size: int | None = shape[0] if shape else None
-        self.tokens: Any = None
-        mask = batch.get("attention_mask") if mapping else None
-        if isinstance(mask, torch.Tensor):
-            self.tokens = defer(mask.sum())
-        elif (
-            len(shape) >= 2
-            and first_dtype is not None
-            and not first_dtype.is_floating_point
-            and not first_dtype.is_complex
-        ):
-            # Token ids first ((batch, time) integers, as a language model's batch starts): no mask, no padding.
-            self.tokens = math.prod(shape)
+            try:
+                if t.dtype.is_floating_point:
+                    value = finiteness_probe(t)
+                    probe = value if probe is None else probe + value
+            except Exception:  # noqa: S112 - this tensor's finiteness is not measured
+                continue
+        try:
+            self.finite_probe = None if probe is None else defer(probe)
+        except Exception:  # a meta tensor has no value to read
+            self.finite_probe = None
+        first = _shape_or_none(tensors[0]) if tensors else None
+        self.size = first[0] if first else None
+        self.tokens = None
+
+
+def _shape_or_none(t: torch.Tensor) -> list[int] | None:
+    try:
+        return list(t.shape)
+    except Exception:  # a nested tensor of ragged parts
+        return None
+
+
+def _held_bytes(t: torch.Tensor) -> int:
+    """The bytes a tensor holds: ``nbytes``, or a sparse COO tensor's values and indices, or 0."""
+    try:
+        return int(t.nbytes)
+    except Exception:
+        try:
+            return int(t._values().nbytes + t._indices().nbytes)
+        except Exception:
+            return 0

@@ -1,0 +1,98 @@
+"""Batches and outputs of layouts the measurements' usual path cannot read never fail the training step.
+
+A sparse COO tensor has no ``nbytes`` (pytorch/examples' gcn feeds its node
+features and adjacency matrix as sparse tensors); a nested tensor of ragged
+parts has neither a shape nor a sum. The step record then says what can be
+read and leaves the rest null.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tuiwatch.ledger.records import Record
+from tuiwatch.publisher.watch import Watch
+
+from ..helpers import records
+
+
+def _steps(watch: Watch) -> list[Record]:
+    assert watch.ledger_path is not None
+    return records(watch.ledger_path, "step")
+
+
+class GraphConv(nn.Module):
+    """gcn's layer: sparse features times weights, aggregated over a sparse normalised adjacency."""
+
+    def __init__(self, n_in: int, n_out: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n_in, n_out) * 0.1)
+
+    def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.sparse.mm(adj, torch.sparse.mm(x, self.weight))
+        return out
+
+
+def test_a_batch_of_sparse_tensors_trains_and_is_recorded(run_root: Path, socket_dir: Path):
+    torch.manual_seed(0)
+    nodes, features = 30, 6
+    x = (torch.rand(nodes, features) < 0.3).float().to_sparse()
+    adj = (torch.eye(nodes) + (torch.rand(nodes, nodes) < 0.1).float()).to_sparse()
+    labels = torch.randint(0, 3, (nodes,))
+    model = GraphConv(features, 3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(3):
+            watch.step(batch=(x, adj))
+            loss = nn.functional.cross_entropy(model(x, adj), labels)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert all(s["batch_shape"] == [[nodes, features], [nodes, nodes]] for s in steps)
+    assert all(s["finite"]["batch"] is True and s["finite"]["forward"] is True for s in steps)
+    assert all(s["grad_norm"] > 0 for s in steps)
+
+
+class Ragged(nn.Module):
+    """A model fed sequences of different lengths as one nested tensor, returning one (a nested tensor as output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, seqs: torch.Tensor) -> torch.Tensor:
+        return torch.nested.as_nested_tensor([self.proj(s) for s in seqs.unbind()])
+
+
+def test_nested_tensors_as_the_batch_and_the_output_train_and_leave_what_they_cannot_say_null(
+    run_root: Path, socket_dir: Path
+):
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "nested tensors are in prototype stage"
+        batches = [
+            (torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(5, 4)]), torch.ones(2)) for _ in range(3)
+        ]
+    model = Ragged()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for seqs, weights in watch.batches(batches):
+            out = model(seqs)
+            loss = sum(w * t.pow(2).mean() for w, t in zip(weights, out.unbind(), strict=True))
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert all(s["batch_shape"] == [None, [2]] for s in steps)  # the ragged part has no shape
+    assert all(s["finite"]["batch"] is True for s in steps)  # the dense part's
+    assert all(s["finite"]["forward"] is None for s in steps)  # a nested output cannot be summed: not checked
+    assert all(s["loss"] > 0 and s["grad_norm"] > 0 for s in steps)
