@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -96,3 +97,28 @@ def test_nested_tensors_as_the_batch_and_the_output_train_and_leave_what_they_ca
     assert all(s["finite"]["batch"] is True for s in steps)  # the dense part's
     assert all(s["finite"]["forward"] is None for s in steps)  # a nested output cannot be summed: not checked
     assert all(s["loss"] > 0 and s["grad_norm"] > 0 for s in steps)
+
+
+def test_sparse_gradients_have_their_norm(run_root: Path, socket_dir: Path):
+    """nn.Embedding(sparse=True) makes sparse COO gradients, which torch's fused norm refuses (clip_grad_norm_ too):
+    the step still trains, and its norm is the dense one, duplicate indices added up."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 4, sparse=True), nn.Flatten(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    truth = []
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(3):
+            x, y = torch.randint(0, 50, (4, 2)), torch.randint(0, 2, (4,))
+            x[1, 0] = x[0, 0]  # one row twice: the sparse gradient holds it twice, uncoalesced
+            watch.step(batch=(x, y))
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            assert model[0].weight.grad is not None
+            assert model[0].weight.grad.is_sparse
+            grads = [p.grad.to_dense() for p in model.parameters() if p.grad is not None]
+            truth.append(torch.cat([g.reshape(-1) for g in grads]).norm().item())
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = _steps(watch)
+    assert [s["grad_norm"] for s in steps] == pytest.approx(truth, rel=1e-5)
+    assert steps[0]["update_norm"] == pytest.approx(0.1 * truth[0], rel=1e-5)  # SGD: lr times the gradient

@@ -28,14 +28,28 @@ def gradient_norm(tensors: Sequence[torch.Tensor]) -> Any:
     """:func:`total_norm` of tensors that need no autograd graph (gradients: the every-step case)."""
     if not tensors:
         return None
-    norms = torch._foreach_norm(tensors if type(tensors) is list else list(tensors))
+    try:
+        norms: Sequence[torch.Tensor] = torch._foreach_norm(tensors if type(tensors) is list else list(tensors))
+    except (RuntimeError, NotImplementedError):
+        # Sparse gradients (nn.Embedding(sparse=True)) have no fused norm (neither has clip_grad_norm_): one at a time.
+        norms = [_one_norm(t) for t in tensors]
     if len(norms) <= _PYTHON_SUM_MAX and norms[0].is_cpu:
         return math.sqrt(math.fsum([n.item() ** 2 for n in norms]))
     try:
-        return torch.linalg.vector_norm(torch.stack(norms))
+        return torch.linalg.vector_norm(torch.stack(list(norms)))
     except RuntimeError:
-        # several devices or dtypes: torch's own grouping handles them
-        return torch.nn.utils.get_total_norm(tensors, foreach=True)
+        # several devices or dtypes: torch's own grouping handles them (the norm of the norms is the total norm)
+        return torch.nn.utils.get_total_norm(norms, foreach=True)
+
+
+def _one_norm(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's 2-norm, sparse ones included: a sparse gradient's duplicate indices add up first (coalesce)."""
+    if t.layout is torch.sparse_coo:
+        t = t.coalesce().values()
+    elif t.layout is not torch.strided:
+        t = t.values()  # compressed layouts (CSR and its kind) hold each element once
+    norm: torch.Tensor = torch.linalg.vector_norm(t)
+    return norm
 
 
 def finiteness_probe(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
