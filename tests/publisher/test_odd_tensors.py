@@ -122,3 +122,26 @@ def test_sparse_gradients_have_their_norm(run_root: Path, socket_dir: Path):
     steps = _steps(watch)
     assert [s["grad_norm"] for s in steps] == pytest.approx(truth, rel=1e-5)
     assert steps[0]["update_norm"] == pytest.approx(0.1 * truth[0], rel=1e-5)  # SGD: lr times the gradient
+
+
+def test_a_lazy_model_is_watched_before_its_first_forward(run_root: Path, socket_dir: Path):
+    """nn.LazyLinear has no parameter sizes until its first forward: Watch() used to fail counting them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LazyLinear(8), nn.ReLU(), nn.LazyLinear(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "Lazy modules are a new feature under heavy development"
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(2):
+            x, y = torch.randn(4, 3), torch.randint(0, 2, (4,))
+            watch.step(batch=(x, y))
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert watch.ledger_path is not None
+    assert records(watch.ledger_path, "run")[0]["params"] is None  # unknown when the run began
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1]
+    assert steps[0]["grad_norm"] > 0
+    assert steps[0]["param_norm"] > 0  # the parameters made by the first forward

@@ -48,7 +48,7 @@ class RunRecord(TypedDict):
     tcp: str | None
     model: str
     optimizer: str | None
-    params: int
+    params: int | None
     every: int
     update_norm_every: int
     param_norm_every: int

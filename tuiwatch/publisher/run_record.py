@@ -103,7 +103,7 @@ def make_run_record(
     device: torch.device,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None,
-    param_count: int,
+    param_count: int | None,
     every: int,
     update_norm_every: int,
     param_norm_every: int,

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
+from torch.nn.parameter import is_lazy
 
 from tuiwatch.ledger.ranks import rank_ledgers
 from tuiwatch.ledger.records import END_REASONS
@@ -116,9 +117,12 @@ class Watch:
         self.extra_state: Any = None
         self._closed = False
 
-        param_count = sum(p.numel() for p in model.parameters())
-        self.update_norm_every = update_norm_every or default_update_norm_every(param_count)
-        self.param_norm_every = param_norm_every or default_param_norm_every(param_count)
+        # A lazy module's parameters have no size until its first forward (LazyLinear): counted as unknown.
+        params = list(model.parameters())
+        known = sum(p.numel() for p in params if not is_lazy(p))
+        param_count = None if any(is_lazy(p) for p in params) else known
+        self.update_norm_every = update_norm_every or default_update_norm_every(known)
+        self.param_norm_every = param_norm_every or default_param_norm_every(known)
         publishing = open_publishing(
             name=self.name,
             run_dir=run_dir,
