@@ -17,6 +17,24 @@ from tuiwatch.rules import REGISTRY, Diagnosis, thresholds
 from tuiwatch.rules.loss import LossChance
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
+
+
+def test_a_loss_that_goes_below_zero_is_no_classifiers_and_never_at_chance():
+    # REINFORCE (pytorch/examples): a policy with a (1, 2) softmax output, whose loss -log p(a) * R over returns
+    # normalised to mean 0 swings around 0; four in a row at ln 2 or above read as "back to chance" twice in a run
+    # that solved CartPole. A cross-entropy is never negative.
+    rng = random.Random(5)  # noqa: S311 - reproducible noise, not a secret
+    records = [step(i, loss=rng.gauss(0.0, 1.5), classes=2 if i == 0 else None) for i in range(400)]
+    assert [r for r in records[:10] if r["loss"] < 0]  # as the real run: the first below 0 came at step 5
+    assert fired(records, "loss-chance") == []
+    # Kept above 0 (learned near 0, then ten steps at 1.0 > ln 2), the same run is still judged, and fires.
+    assert fired([{**r, "loss": abs(r["loss"]) * 0.05 if r["step"] < 390 else 1.0} for r in records], "loss-chance")
+    # An alert already active when the first negative loss comes clears: it was not about a classifier.
+    stuck = [step(i, loss=math.log(2), classes=2 if i == 0 else None) for i in range(250)]
+    stuck += [step(250, loss=-0.3), step(251, loss=0.7)]
+    assert fired(stuck, "loss-chance") == [("loss-chance", 199, "warning"), ("loss-chance", 250, "info")]
+
+
 FINITE = {"batch": True, "forward": True, "loss": True, "grad": True, "param": True}
 
 

@@ -63,6 +63,8 @@ class LossChance(Rule):
     none of them went below ``(1 - 2 * tolerance) * ln(C)``; the schedule must
     have let the model learn (the lr has not risen for ``window`` steps: a
     warm-up still climbing from 0 keeps the loss near ln(C) by design).
+    Never, once a loss below 0 was seen: a cross-entropy cannot be (REINFORCE's
+    loss, over a policy's softmax output, is); an active alert then clears.
     Learned, then lost it: the window's median was below ``learned`` × ln(C)
     and the last ``jump`` losses are all at ln(C) or above (labels that stop
     following the inputs mid-run), and the alert names the first of those
@@ -103,6 +105,9 @@ class LossChance(Rule):
         self.last_lr: float | None = None
         self.peak_lr = 0.0
         self.since_rise = 0  # steps with a known lr since it last rose
+        # A cross-entropy is never below 0: a negative loss is something else (REINFORCE's policy-gradient loss,
+        # whose policy outputs a (1, actions) softmax), and chance says nothing about it for the rest of the run.
+        self.negative = False
 
     def _push(self, record: Record) -> float | None:
         """The chance-level loss ln(C), once this record's loss is in the window and C is known."""
@@ -130,10 +135,12 @@ class LossChance(Rule):
         self.since_fired += 1
         if loss < self.low:
             self.low = loss
+            if loss < 0.0:  # (low only ever holds losses seen, so the first negative one comes through here)
+                self.negative = True
         if since is not None:
             self._slide(since, loss, dropped)
         classes = self.classes
-        if classes is None or classes < 2:
+        if classes is None or classes < 2 or self.negative:
             return None
         return math.log(classes)
 
@@ -231,6 +238,9 @@ class LossChance(Rule):
         if self.since is None:
             self.since = sorted(list(self.recent)[-self._suffix() :]) if self.recent else []
         chance = self._push(record)
+        if self.negative:  # not a classifier's loss after all: the alert was not about one
+            self.since = None
+            return True
         if chance is None:
             return False
         since = self.since
