@@ -294,6 +294,18 @@ def test_loss_spike_fires_on_one_bad_batch_and_not_on_a_noisy_loss():
     assert evidence["next_losses"] == [r["loss"] for r in noisy[151:154]]
 
 
+def test_loss_spike_evidence_is_the_bar_the_loss_crossed_not_the_one_after_the_window_moved():
+    # The bar (3 x the window's largest loss, 1.0) is refreshed every 25 ordinary losses; one of the three losses
+    # the rule waits for (2.9) enters the window and the refresh at the 50th raises the bar to 8.7 before the alert
+    # is written. The evidence said "loss 5, bar 8.7": now the bar it crossed.
+    losses = [1.0] * 48 + [5.0, 2.9, 1.0, 1.0]
+    (alert,) = [a for a in Diagnosis(["loss-spike"]).run([step(i, loss=v) for i, v in enumerate(losses)])]
+    evidence = alert["evidence"]
+    assert (alert["step"], evidence["loss"], evidence["bar"], evidence["window_max"]) == (48, 5.0, 3.0, 1.0)
+    assert evidence["median"] == 1.0
+    assert "5x its recent median 1" in alert["message"]
+
+
 def test_loss_spike_tells_a_level_shift_from_one_batch_and_starts_over_from_the_new_level():
     rng = random.Random(2)  # noqa: S311 - reproducible noise, not a secret
     records = [step(i, loss=(1.0 if i < 300 else 9.0) + 0.3 * rng.random(), batch_ids=[i]) for i in range(600)]

@@ -301,6 +301,7 @@ class LossSpike(Rule):
         self.last_lr: float | None = None
         self.since_lr_rise = lr_hold
         self.pending: Record | None = None  # the record of a loss over the bar, awaiting its next losses
+        self.crossed: dict[str, Any] = {}  # the bar it crossed and the window then: the window moves meanwhile
         self.after: list[float] = []
 
     def _refresh(self) -> None:
@@ -340,6 +341,7 @@ class LossSpike(Rule):
         if self.pending is None:
             if self._over(record):
                 self.pending, self.after = record, []
+                self.crossed = {"median": statistics.median(self.recent), "bar": self.bar, **self.basis}
             return None
         if self._over(record) is None:  # an ordinary loss after the spike still joins the window
             return None
@@ -358,7 +360,7 @@ class LossSpike(Rule):
 
     def _alert(self, spike: Record, after: float, shifted: bool) -> AlertRecord:
         loss = float(spike["loss"])
-        median = statistics.median(self.recent)
+        median = self.crossed["median"]
         jumped = (
             f"{number(loss / median, 3)}x its recent median {number(median)}"
             if median > 0
@@ -373,9 +375,7 @@ class LossSpike(Rule):
             + (f" and stayed up (median {number(after)} over the next {len(self.after)} steps)" if shifted else ""),
             {
                 "loss": loss,
-                "median": median,
-                "bar": self.bar,
-                **self.basis,
+                **self.crossed,
                 "next_losses": list(self.after),
                 "pattern": "level shift from this step" if shifted else "one batch",
                 "batch_ids": ids[:64] if isinstance(ids, list) else None,
