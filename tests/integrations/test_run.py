@@ -337,3 +337,37 @@ def test_training_in_forked_children_is_not_watched_and_says_so(socket_dir: Path
     assert done.stderr.count("an optimizer stepped in a child process") == 2
     assert "no torch optimizer stepped in this script's process, so nothing was watched" in done.stderr
     assert not (tmp_path / "runs").exists()
+
+
+AT_CHANCE = """
+import torch
+model = torch.nn.Linear(4, 2)
+torch.nn.init.zeros_(model.weight)
+torch.nn.init.zeros_(model.bias)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # never learns: the loss is ln 2 at every step
+for _ in range(210):
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+print("done")
+"""
+
+
+def test_the_rules_option_sets_the_watchs_rules_and_a_bad_one_stops_before_the_script(socket_dir: Path, tmp_path: Path):
+    script = tmp_path / "at_chance.py"
+    script.write_text(AT_CHANCE)
+
+    def alerts(*options: str) -> list[str]:
+        runs = tmp_path / f"runs{len(options)}"
+        done = run([*TUIWATCH, "--run-dir", str(runs), *options, str(script)], socket_dir)
+        assert done.returncode == 0, done.stderr
+        return sorted({a["rule"] for a in records(ledger_file(runs), "alert") if a["severity"] != "info"})
+
+    assert alerts() == ["loss-chance", "loss-frozen", "lr-zero"]
+    assert alerts("--rules", '{"lr-zero": false}') == ["loss-chance", "loss-frozen"]
+    bad = run([*TUIWATCH, "--rules", '{"lr-zero": {"steps": "ten"}}', str(script)], socket_dir, cwd=tmp_path)
+    assert (bad.returncode, bad.stdout) == (1, "")  # the script never ran
+    assert bad.stderr == "tuiwatch: error: run --rules: rule 'lr-zero': threshold steps takes a number, got 'ten'\n"
+    assert not (tmp_path / "runs").exists()

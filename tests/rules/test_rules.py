@@ -189,6 +189,11 @@ def test_rules_take_thresholds_and_can_be_turned_off():
     assert [(a["rule"], a["step"]) for a in alerts] == [("lr-zero", 2)]
     with pytest.raises(ValueError, match="rule 'lr-zero' has no threshold \\['step'\\]: its thresholds are steps"):
         Diagnosis({"lr-zero": {"step": 3}})
+    # A threshold that is not a number would fail on the training process's publisher thread, at its first use.
+    for value in ("3", None, True):
+        with pytest.raises(ValueError, match=f"rule 'lr-zero': threshold steps takes a number, got {value!r}"):
+            Diagnosis({"lr-zero": {"steps": value}})
+    assert Diagnosis({"loss-chance": {"classes": None}}).rules  # None where it is the default: found from the run
 
 
 def test_no_update_fires_when_gradients_arrive_but_parameters_stay():

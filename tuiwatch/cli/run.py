@@ -8,11 +8,13 @@ Like ``python script.py args`` (or ``python -m module args``): the same
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from tuiwatch.errors import TuiwatchError
+from tuiwatch.rules import build_rules
 
 ON_NONFINITE = ("stop", "skip", "warn")  # spelled here so that `run --help` imports no torch
 
@@ -21,7 +23,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help="run an unmodified training script with a Watch attached",
-        usage="tuiwatch run [-h] [--name NAME] [--run-dir DIR] [--on-nonfinite {stop,skip,warn}]\n"
+        usage="tuiwatch run [-h] [--name NAME] [--run-dir DIR] [--on-nonfinite {stop,skip,warn}] [--rules JSON]\n"
         "                    (SCRIPT [ARGS ...] | -m MODULE [ARGS ...])",
         description="Run a training script as python would (same argv, output and exit status), with a Watch "
         "found from its first optimizer step: grad norm, lr, data wait, batches, loss, the rules and the "
@@ -35,6 +37,12 @@ def add_parser(sub: Any) -> None:
         choices=ON_NONFINITE,
         default="stop",
         help="a NaN/Inf gradient: stop before the update (default), skip the update, or only warn",
+    )
+    p.add_argument(
+        "--rules",
+        metavar="JSON",
+        help="the rules, as Watch(rules=...) takes them: a list of ids, or {id: {threshold: value} or false}, "
+        """e.g. '{"loss-spike": false}' (docs/rules.md)""",
     )
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, help="MODULE [ARGS ...]: run a module, as python -m")
     p.add_argument("script", nargs=argparse.REMAINDER, help="the script and its arguments")
@@ -52,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             raise TuiwatchError(f"run: no script at {target!r}: tuiwatch run path/to/train.py [args]")
     else:
         raise TuiwatchError("run needs a script: tuiwatch run train.py [args] (or -m module)")
+    rules = _rules(args.rules)
     try:
         from tuiwatch.integrations.script import run_script
     except ImportError as exc:
@@ -65,4 +74,23 @@ def run(args: argparse.Namespace) -> int:
         name=name,
         run_dir=args.run_dir,
         on_nonfinite=args.on_nonfinite,
+        **({} if rules is None else {"rules": rules}),
     )
+
+
+def _rules(text: str | None) -> Any:
+    """``--rules``: checked before the script starts, not at its first optimizer step."""
+    if text is None:
+        return None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TuiwatchError(
+            f"run --rules takes JSON (a list of rule ids, or {{id: {{threshold: value}} or false}}), e.g. "
+            f"""'{{"loss-spike": false}}': {exc.msg} at character {exc.pos} of {text!r}"""
+        ) from None
+    try:
+        build_rules(config)
+    except (TypeError, ValueError) as exc:
+        raise TuiwatchError(f"run --rules: {exc}") from None
+    return config

@@ -71,10 +71,17 @@ def build_rules(config: RulesConfig | None = None) -> list[Rule]:
         raise ValueError(f"unknown rule ids {sorted(unknown)}: known are {', '.join(REGISTRY)}")
     rules = []
     for rule_id, values in wanted.items():
-        bad = set(values) - set(thresholds(rule_id))
+        defaults = thresholds(rule_id)
+        bad = set(values) - set(defaults)
         if bad:
-            known = ", ".join(thresholds(rule_id)) or "none"
+            known = ", ".join(defaults) or "none"
             raise ValueError(f"rule {rule_id!r} has no threshold {sorted(bad)}: its thresholds are {known}")
+        for name, value in values.items():
+            # Every threshold is a number (a count, a ratio, a class count whose default None means "found"):
+            # anything else would fail later, on the training process's publisher thread.
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number and not (value is None and defaults[name] is None):
+                raise ValueError(f"rule {rule_id!r}: threshold {name} takes a number, got {value!r}")
         rules.append(REGISTRY[rule_id](**values))
     return rules
 
