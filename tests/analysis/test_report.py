@@ -52,3 +52,20 @@ def test_an_eval_metrics_direction_comes_from_its_name():
     assert lower_is_better("top1_acc") is False
     assert lower_is_better("bleu") is False
     assert lower_is_better("lr") is None
+
+
+def test_report_replays_the_rules_the_run_ran_not_those_it_turned_off():
+    steps = [
+        {"kind": "step", "t": float(i), "step": i, "loss": 40.0 if i == 100 else 1.0 + 0.01 * (i % 7), "lr": [0.1]}
+        for i in range(200)
+    ]
+    run = {"kind": "run", "t": 0.0, "name": "rl", "run_id": "r1"}
+
+    def replayed(**fields: Any) -> set[str]:
+        return set(summarize([{**run, **fields}, *steps])["alerts"])
+
+    assert replayed() == {"loss-spike"}  # an older ledger (no rules field): every rule, its defaults
+    assert replayed(rules={"loss-spike": False}) == set()  # tuiwatch run --rules '{"loss-spike": false}'
+    assert replayed(rules=["nonfinite"]) == set()
+    assert replayed(rules={"loss-spike": {"ratio": 100.0}}) == set()  # its thresholds too
+    assert replayed(rules={"no-such-rule": False}) == {"loss-spike"}  # unreadable here: the defaults

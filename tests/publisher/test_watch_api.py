@@ -6,6 +6,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -347,6 +348,21 @@ def test_rules_run_inside_the_training_process_and_write_alerts(run_root: Path, 
         ("eval-mode", 5, "warning"),
     ]
     assert alerts[0]["evidence"]["boundary"] == "batch"
+
+
+def test_the_run_record_keeps_the_rules_as_given_so_report_replays_the_same(run_root: Path, socket_dir: Path):
+    model, opt = _mlp()
+    config = {"loss-spike": False, "lr-zero": {"steps": np.int64(3)}}  # a numpy threshold: written as an int
+    with Watch(model, opt, run_dir=run_root, system=False, quiet=True, rules=config) as watch:
+        pass
+    assert _ledger(watch)[0]["rules"] == {"loss-spike": False, "lr-zero": {"steps": 3}}
+    # An iterator is read once: the rules built and the rules recorded are the same.
+    with Watch(model, opt, run_dir=run_root, system=False, quiet=True, rules=iter(["nonfinite"])) as watch:
+        pass
+    assert _ledger(watch)[0]["rules"] == ["nonfinite"]
+    diagnosis = watch._pipeline.diagnosis
+    assert diagnosis is not None
+    assert [type(rule).__name__ for rule in diagnosis.rules] == ["NonFinite"]
 
 
 def test_unknown_rule_ids_are_refused_before_a_run_directory_exists(run_root: Path, socket_dir: Path):

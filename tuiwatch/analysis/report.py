@@ -26,11 +26,13 @@ def summarize(records: Iterable[Record], skipped: int = 0, chain: RunChain | Non
     records, earlier parts included (``chain.iter_records()``), and the
     summary says where it resumed; its unreadable lines are counted as read.
     """
-    diagnosis = Diagnosis()
+    diagnosis: Diagnosis | None = None
     recorded: set[tuple[str, int | None]] = set()
     replayed: list[Record] = []
     summary = _Summary()
     for r in records:
+        if diagnosis is None:
+            diagnosis = _replaying(r)
         if r.get("kind") == "alert":
             recorded.add(_alert_key(r))
         elif len(replayed) < MAX_REPLAYED:
@@ -42,6 +44,15 @@ def summarize(records: Iterable[Record], skipped: int = 0, chain: RunChain | Non
     out = summary.result(chain.skipped if chain is not None else skipped)
     out["resumed"] = [] if chain is None else _resumes(chain)
     return out
+
+
+def _replaying(first: Record) -> Diagnosis:
+    """The rules the run itself ran (its run record's ``rules``): one it turned off is not replayed."""
+    rules = first.get("rules") if first.get("kind") == "run" else None
+    try:
+        return Diagnosis(rules)
+    except (TypeError, ValueError):  # a record this version cannot read as rules (an older or a newer one)
+        return Diagnosis()
 
 
 def _resumes(chain: RunChain) -> list[dict[str, Any]]:

@@ -53,6 +53,7 @@ class RunRecord(TypedDict):
     update_norm_every: int
     param_norm_every: int
     on_nonfinite: str
+    rules: list[str] | dict[str, Any] | None  # Watch(rules=...) as given (None: every rule, its defaults)
     step_per: str  # "batch" or "optimizer": what one step is
     resumed_from: dict[str, Any] | None  # Watch(resume_from=...): the checkpoint and the run that wrote it
     integration: dict[str, Any] | None  # what an integration (tuiwatch run, a callback) sees and does not

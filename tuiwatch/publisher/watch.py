@@ -37,7 +37,7 @@ from tuiwatch.publisher.run_record import default_name, start_line
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
 from tuiwatch.publisher.steps import StepTracker, add_metrics
-from tuiwatch.rules import Diagnosis, RulesConfig
+from tuiwatch.rules import Diagnosis, RulesConfig, rules_as_data
 from tuiwatch.wire.tcp import tcp_option
 
 T = TypeVar("T")
@@ -93,6 +93,7 @@ class Watch:
         if run_id is not None and (not isinstance(run_id, str) or not run_id.strip()):
             raise ValueError(f"run_id must be a non-empty string shared by the job's ranks, got {run_id!r}")
         tcp_address = tcp_option(tcp)  # a bad address is refused before anything is created
+        rules = rules_as_data(rules)  # as the run record keeps it, for report to replay the same rules
         diagnosis = Diagnosis(rules)  # raises for an unknown rule id, before anything is created
         self._parts = resume.Trainables(model, optimizer, scheduler, scaler)
         saved = None
@@ -141,6 +142,7 @@ class Watch:
                 "update_norm_every": self.update_norm_every,
                 "param_norm_every": self.param_norm_every,
                 "on_nonfinite": on_nonfinite,
+                "rules": rules,
                 "step_per": step_per,
                 "resumed_from": None if saved is None else resume.link(saved),
                 "integration": integration,

@@ -8,6 +8,7 @@ No torch, no Textual.
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -45,6 +46,31 @@ REGISTRY: dict[str, Callable[..., Rule]] = {
 RulesConfig = Iterable[str] | Mapping[str, Mapping[str, Any] | bool | None]
 
 
+def rules_as_data(config: RulesConfig | None) -> list[str] | dict[str, Any] | None:
+    """``config`` as plain data (a list, or a dict of dicts and False), as a run record keeps it: an iterable
+    is read once here, so the rules built from the result and the record are the same."""
+    if config is None:
+        return None
+    _refuse_a_string(config)
+    if isinstance(config, Mapping):
+        return {
+            str(k): {n: _plain(x) for n, x in v.items()} if isinstance(v, Mapping) else v for k, v in config.items()
+        }
+    return list(config)
+
+
+def _plain(value: Any) -> Any:
+    """A threshold as JSON writes it: a numpy scalar as the int or float it holds (others as they are)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
+def _refuse_a_string(config: object) -> None:
+    if isinstance(config, str):  # iterable, so it would read as one rule id a letter
+        raise ValueError(f"rules= takes a list of rule ids, not the string {config!r}: write rules=[{config!r}]")
+
+
 def thresholds(rule_id: str) -> dict[str, Any]:
     """A rule's thresholds and their defaults, as its factory declares them."""
     params = inspect.signature(REGISTRY[rule_id]).parameters.values()
@@ -62,9 +88,8 @@ def build_rules(config: RulesConfig | None = None) -> list[Rule]:
         wanted = {r: {} for r in REGISTRY}
         wanted.update({r: v if isinstance(v, Mapping) else {} for r, v in config.items()})
         wanted = {r: v for r, v in wanted.items() if config.get(r) is not False}
-    elif isinstance(config, str):
-        raise ValueError(f"rules= takes a list of rule ids, not the string {config!r}: write rules=[{config!r}]")
     else:
+        _refuse_a_string(config)
         wanted = {r: {} for r in config}
     unknown = set(wanted) - set(REGISTRY)
     if unknown:
@@ -79,7 +104,7 @@ def build_rules(config: RulesConfig | None = None) -> list[Rule]:
         for name, value in values.items():
             # Every threshold is a number (a count, a ratio, a class count whose default None means "found"):
             # anything else would fail later, on the training process's publisher thread.
-            number = isinstance(value, int | float) and not isinstance(value, bool)
+            number = isinstance(value, numbers.Real) and not isinstance(value, bool)
             if not number and not (value is None and defaults[name] is None):
                 raise ValueError(f"rule {rule_id!r}: threshold {name} takes a number, got {value!r}")
         rules.append(REGISTRY[rule_id](**values))
