@@ -35,7 +35,7 @@ def after_first_call(closure: Callable[[], Any], then: Callable[[], None]) -> Ca
     """``closure``, calling ``then()`` once its first call has returned (later calls are the closure's alone)."""
     first = True
 
-    def step_closure() -> Any:
+    def closure_then() -> Any:
         nonlocal first
         result = closure()
         if first:
@@ -43,4 +43,4 @@ def after_first_call(closure: Callable[[], Any], then: Callable[[], None]) -> Ca
             then()
         return result
 
-    return step_closure
+    return closure_then

@@ -30,7 +30,7 @@ def gradient_norm(tensors: Sequence[torch.Tensor]) -> Any:
         return None
     try:
         norms: Sequence[torch.Tensor] = torch._foreach_norm(tensors if type(tensors) is list else list(tensors))
-    except (RuntimeError, NotImplementedError):
+    except RuntimeError:  # (NotImplementedError is one)
         # Sparse gradients (nn.Embedding(sparse=True)) have no fused norm (neither has clip_grad_norm_): one at a time.
         norms = [_one_norm(t) for t in tensors]
     if len(norms) <= _PYTHON_SUM_MAX and norms[0].is_cpu:
