@@ -145,3 +145,23 @@ def test_the_ddp_strategys_ranks_are_one_job_with_the_same_reduced_gradients(tmp
         assert (link["step"], link["checkpoint"]) == (STEPS_PER_EPOCH // 2, str(first_epoch))
         assert Path(link["ledger"]).resolve() == ledgers[rank].resolve()
         assert [r["step"] for r in read_run(ledger).records if r["kind"] == "step"] == list(range(STEPS_PER_EPOCH))
+
+
+def test_an_lbfgs_step_records_its_first_closure_evaluation(tmp_path: Path, socket_dir: Path):
+    """Lightning hands LBFGS a closure that runs training_step, the backward and on_before_optimizer_step; LBFGS
+    calls it up to max_iter times a step. The step's loss and norm are the first call's, at the step's weights
+    (the loss was the last call's, the norm the first's)."""
+    done = fit(tmp_path, socket_dir, "--lbfgs", "--epochs", "1", "--truth", str(tmp_path / "t.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = json.loads((tmp_path / "t.json").read_text())
+    assert len(truth["losses"]) > len(set(truth["loss_steps"]))  # several evaluations in some steps
+
+    def first_of_each_step(values: list[float], steps: list[int]) -> list[float]:
+        return [v for i, (v, s) in enumerate(zip(values, steps, strict=True)) if i == 0 or steps[i - 1] != s]
+
+    steps = records(ledger_file(tmp_path / "runs"), "step")
+    assert len(steps) == STEPS_PER_EPOCH
+    assert [s["loss"] for s in steps] == pytest.approx(first_of_each_step(truth["losses"], truth["loss_steps"]))
+    assert [s["grad_norm"] for s in steps] == pytest.approx(
+        first_of_each_step(truth["norms"], truth["norm_steps"]), rel=1e-5
+    )

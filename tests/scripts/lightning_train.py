@@ -1,7 +1,7 @@
 """A LightningModule on synthetic data, trained by a Lightning Trainer with tuiwatch's one line.
 
     python tests/scripts/lightning_train.py --root DIR --run-dir RUNS [--epochs 2] [--accumulate 2]
-        [--clip 1.0] [--nan-at STEP] [--devices 2] [--resume CKPT] [--checkpoint-dir DIR] [--truth FILE]
+        [--clip 1.0] [--nan-at STEP] [--devices 2] [--resume CKPT] [--checkpoint-dir DIR] [--lbfgs] [--truth FILE]
 
 ``LIGHTNING_NAMESPACE=lightning.pytorch`` trains with that namespace's Trainer (default ``pytorch_lightning``).
 The module writes what it computed to ``--truth`` (each training batch's loss as it was backpropagated, and
@@ -29,12 +29,14 @@ grad_norm = importlib.import_module(f"{pl.__name__}.utilities").grad_norm
 
 
 class Classifier(pl.LightningModule):  # type: ignore[misc]
-    def __init__(self, accumulate: int, nan_at: int):
+    def __init__(self, accumulate: int, nan_at: int, lbfgs: bool = False):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
-        self.accumulate, self.nan_at = accumulate, nan_at
+        self.accumulate, self.nan_at, self.lbfgs = accumulate, nan_at, lbfgs
         self.losses: list[float] = []
         self.norms: list[float] = []
+        self.loss_steps: list[int] = []  # the global step of each loss and norm: LBFGS makes several a step
+        self.norm_steps: list[int] = []
         self.val_losses: list[float] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -48,12 +50,14 @@ class Classifier(pl.LightningModule):  # type: ignore[misc]
             x[0, 0] = math.nan
         loss = nn.functional.cross_entropy(self(x), y)
         self.losses.append(loss.item() / self.accumulate)  # Lightning divides by the accumulation
+        self.loss_steps.append(self.global_step)
         self.log("train_loss", loss)
         return loss
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         # Empty after on_nonfinite="skip" dropped this step's gradients (callbacks' hooks run before the module's).
         self.norms.append(float(grad_norm(self, norm_type=2).get("grad_2.0_norm_total", math.nan)))
+        self.norm_steps.append(self.global_step)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
@@ -64,6 +68,8 @@ class Classifier(pl.LightningModule):  # type: ignore[misc]
             self.val_losses.append(self.trainer.callback_metrics["val_loss"].item())
 
     def configure_optimizers(self) -> Any:
+        if self.lbfgs:  # Lightning hands step() a closure, which LBFGS calls up to max_iter times
+            return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=4)
         optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
         return {"optimizer": optimizer, "lr_scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)}
 
@@ -86,11 +92,12 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--resume", default=None)
     p.add_argument("--checkpoint-dir", default=None, help="Lightning's own ModelCheckpoint: one checkpoint an epoch")
+    p.add_argument("--lbfgs", action="store_true", help="LBFGS (a closure evaluated several times a step)")
     p.add_argument("--truth", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
-    model = Classifier(args.accumulate, args.nan_at)
+    model = Classifier(args.accumulate, args.nan_at, args.lbfgs)
     checkpoints = []
     if args.checkpoint_dir:
         checkpoints.append(pl.callbacks.ModelCheckpoint(dirpath=args.checkpoint_dir, save_top_k=-1, every_n_epochs=1))
@@ -121,6 +128,7 @@ def main() -> None:
             with open(args.truth, "w") as f:
                 finite = all(bool(p.isfinite().all()) for p in model.parameters())
                 truth = {"losses": model.losses, "norms": model.norms, "val_losses": model.val_losses, "finite": finite}
+                truth.update(loss_steps=model.loss_steps, norm_steps=model.norm_steps)
                 json.dump({**truth, "global_step": trainer.global_step}, f)
     print(f"trained to step {trainer.global_step} with {pl.__name__}.Trainer", flush=True)
 

@@ -18,7 +18,9 @@ per optimizer step (``step_per="optimizer"``), from Lightning's hooks:
   fetches it just before; accumulated batches fold into their optimizer step;
 - the **loss** is the sum of the losses ``on_before_backward`` receives during
   the step (Lightning divides each by ``accumulate_grad_batches`` first),
-  logged once at ``on_before_optimizer_step``, before the non-finite check;
+  logged once at ``on_before_optimizer_step``, before the non-finite check
+  (LBFGS calls the closure, and that hook, several times a step: the first
+  call's loss and norm are the step's);
 - **validation** is one ``eval`` record at the step it ran after: the metrics
   it logged (the ``callback_metrics`` that changed during it), ``val_`` taken
   off, and ``training`` as the model's forwards saw it;
@@ -83,6 +85,8 @@ class _Hooks:
         self._trainer: Any = None
         self._idle_since = time.perf_counter()
         self.loss = BackwardLoss()  # not installed: Lightning hands the loss over, at on_before_backward
+        # LBFGS calls its closure, and with it on_before_optimizer_step, several times a step: the first is the step's.
+        self._loss_logged = False
         self._epoch: int | None = None
         self._validation: ExitStack | None = None
         self._metrics_before: dict[str, Any] = {}
@@ -163,16 +167,18 @@ class _Hooks:
         if watch is None:
             return
         loss = self.loss.take()
-        if loss is not None:
+        if loss is not None and not self._loss_logged:
+            self._loss_logged = True
             watch.log(loss=loss)  # before the check: a non-finite stop names the loss
         if watch.optimizer is not None:
-            watch.gradients_ready()
+            watch.gradients_ready()  # (a second call in the same step keeps the first's norm)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         watch = self.watch
         if watch is None:
             return
         watch.end_step()  # a viewer's c/d/p/s run here
+        self._loss_logged = False
         if watch.should_stop:
             trainer.should_stop = True
         self._idle_since = time.perf_counter()
