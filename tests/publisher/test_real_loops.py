@@ -88,6 +88,50 @@ def test_get_batch_loop_records_the_batch_it_is_given_and_the_fetch_as_data_wait
     assert all(r["examples_per_s"] is not None for r in steps)
 
 
+EVAL_S = 0.2  # an evaluation that takes this long (nanoGPT's is 200 batches a split)
+
+
+def _slow_evaluation(watch: Watch, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+    """An evaluation in a validation block that takes EVAL_S."""
+    model.eval()
+    with watch.validation(), torch.no_grad():
+        _, loss = model(x, y)
+        time.sleep(EVAL_S)  # the evaluation's work, not a synchronisation
+        watch.log(val_loss=loss)
+    model.train()
+
+
+def test_an_evaluation_inside_a_step_is_not_its_compute_before_or_after_its_work(run_root: Path):
+    """nanoGPT evaluates at the top of its loop, after the boundary and before the step's forward; a DataLoader
+    loop evaluates every N steps after the optimizer stepped, before the next batch ends the step. Either way
+    the step used to count the evaluation as its compute (and, at the top, as its forward)."""
+    torch.manual_seed(0)
+    model = CharModel(5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randint(0, 5, (2, 4)), torch.randint(0, 5, (2, 4))
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for i in range(6):
+            watch.step(batch=(x, y))
+            if i == 2:
+                _slow_evaluation(watch, model, x, y)  # at the top: nanoGPT's place
+            _, loss = model(x, y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if i == 4:
+                _slow_evaluation(watch, model, x, y)  # after the update, before the next boundary
+    steps = _steps(watch)
+    assert [r["step"] for r in steps] == list(range(6))
+    assert watch.ledger_path is not None
+    assert len([r for r in records(watch.ledger_path) if r["kind"] == "eval"]) == 2
+    for r in (steps[2], steps[4]):
+        assert 0 < r["compute_s"] < EVAL_S, r
+        assert 0 < r["forward_s"] < EVAL_S, r  # the phases stay the step's own
+        assert r["backward_s"] is not None
+        assert r["optimizer_s"] is not None
+
+
 def test_a_loop_that_measures_no_wait_says_not_measured(run_root: Path):
     torch.manual_seed(0)
     model = CharModel(5)

@@ -75,7 +75,7 @@ class StepState:
     classes: int | None = None
     step_forced = False  # recorded although ``every`` would skip it (an OOM)
     micro_batches = 1
-    inner_wait = 0.0  # data wait of micro-batches folded in after the step began
+    not_compute = 0.0  # inside the step's span but not its work: folded micro-batches' waits, a validation block
     scale: Any = None  # the GradScaler's scale at the step's end
     t_end = 0.0
     # perf_counter() at the phase boundaries: the model's first forward returned, the optimizer began and ended

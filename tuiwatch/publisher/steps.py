@@ -91,7 +91,7 @@ class StepTracker:
         s.micro_batches += 1
         if wait is not None:
             s.data_wait_s = (s.data_wait_s or 0.0) + wait
-            s.inner_wait += wait  # inside the step's span: not compute
+            s.not_compute += wait  # inside the step's span: not compute
         s.batch_ids = s.batch_ids + ids if s.batch_ids is not None and ids is not None else None
         if s.measured:
             info = BatchInfo(batch)
@@ -126,7 +126,7 @@ class StepTracker:
             return
         if s.batch is None and not s.metrics and s.grad_norm is None and s.opt_step is None:
             return  # an empty step (a boundary with nothing in it) is not a step
-        s.compute_s = now - s.started - (fetched or 0.0) - s.inner_wait
+        s.compute_s = now - s.started - (fetched or 0.0) - s.not_compute
         if s.device_start is not None:
             s.compute_s = PendingDuration(s.device_start, device_mark(), s.compute_s)
         s.training = self.model.training
@@ -146,6 +146,21 @@ class StepTracker:
             if isinstance(scale, torch.Tensor):
                 s.scale = defer(scale)
         self.pipeline.put(s)
+
+    def set_aside(self, s: StepState, entered: float, left: float) -> None:
+        """``s`` was open while a validation block ran from ``entered`` to ``left``: that is not its compute.
+
+        Before the step's own work (nanoGPT evaluates at the top of its loop, after the boundary) the step
+        starts again after the block, so its phases start there too (and on CUDA its device time: a new start
+        mark). After it (an evaluation every N steps, once the optimizer has stepped) the block's host time is
+        taken out of ``compute_s``; on CUDA the block's kernels stay in the step's device time.
+        """
+        if s.forwards == 0 and s.opt_start is None:
+            s.started += left - entered
+            if s.device_start is not None:
+                s.device_start = device_mark()
+        else:
+            s.not_compute += left - entered
 
     def last_step_number(self) -> int | None:
         """The step the run is at for a command's reply: the last one opened."""

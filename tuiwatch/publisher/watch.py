@@ -360,14 +360,17 @@ class Watch:
 
     @contextmanager
     def validation(self) -> Iterator[Watch]:
-        """Logs inside this block form one ``eval`` record at the current step."""
+        """Logs inside this block form one ``eval`` record at the current step; its time is not the step's compute."""
         tracker = self._tracker
         state = EvalState(step=max(tracker.step - 1, 0), epoch=max(tracker.epoch, 0))
         tracker.eval = state
+        entered = time.perf_counter()
         try:
             yield self
         finally:
             tracker.eval = None
+            if tracker.cur is not None:
+                tracker.set_aside(tracker.cur, entered, time.perf_counter())  # evaluating is not the step's compute
             if state.training is None:
                 state.training = self.model.training  # neither a forward nor a log inside the block
             state.t_end = time.time()
