@@ -23,10 +23,12 @@ from torch.utils.data import DataLoader, Dataset
 import tuiwatch
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.writer import FileLedger
+from tuiwatch.publisher import steps as steps_module
 from tuiwatch.publisher.background import nvml
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.deferred import PendingCopy, PendingDuration, is_ready, resolve
 from tuiwatch.publisher.pending import StepState
+from tuiwatch.publisher.steps import set_aside
 
 from ..helpers import ledger_file
 
@@ -87,6 +89,28 @@ def test_on_cuda_a_steps_phases_are_the_device_times_between_its_events():
     # Without the events (a step not measured on the device), the host's times.
     s.forward_mark = None
     assert s.phases() == {"forward_s": 0.001, "backward_s": pytest.approx(0.0005), "optimizer_s": pytest.approx(0.0005)}
+
+
+def test_on_cuda_an_evaluation_before_the_steps_forward_is_left_out_of_its_device_time(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # The step opened at 100 ms on the device; a validation block ran its kernels until 300 ms; the step's own
+    # work ended at 340 ms. Its device time starts again after the block: 40 ms, not 240.
+    after_block = StreamEvent(300.0, done=True)
+    monkeypatch.setattr(steps_module, "device_mark", lambda: after_block)
+    s = StepState(step=0, started=10.0)
+    s.device_start = StreamEvent(100.0, done=True)
+    set_aside(s, 10.01, 10.21)
+    assert s.device_start is after_block
+    assert s.started == pytest.approx(10.2)  # the host clock too (the phases start there)
+    s.compute_s = PendingDuration(s.device_start, StreamEvent(340.0, done=True), host_s=0.04)
+    assert s.build()["compute_s"] == pytest.approx(0.040)
+    # After the step's forward the start stays, and only the host time is set aside.
+    later = StepState(step=1, started=20.0)
+    later.forwards = 1
+    set_aside(later, 20.5, 20.7)
+    assert later.started == 20.0
+    assert later.not_compute == pytest.approx(0.2)
 
 
 def test_unreadable_events_fall_back_to_the_host_time():

@@ -147,21 +147,6 @@ class StepTracker:
                 s.scale = defer(scale)
         self.pipeline.put(s)
 
-    def set_aside(self, s: StepState, entered: float, left: float) -> None:
-        """``s`` was open while a validation block ran from ``entered`` to ``left``: that is not its compute.
-
-        Before the step's own work (nanoGPT evaluates at the top of its loop, after the boundary) the step
-        starts again after the block, so its phases start there too (and on CUDA its device time: a new start
-        mark). After it (an evaluation every N steps, once the optimizer has stepped) the block's host time is
-        taken out of ``compute_s``; on CUDA the block's kernels stay in the step's device time.
-        """
-        if s.forwards == 0 and s.opt_start is None:
-            s.started += left - entered
-            if s.device_start is not None:
-                s.device_start = device_mark()
-        else:
-            s.not_compute += left - entered
-
     def last_step_number(self) -> int | None:
         """The step the run is at for a command's reply: the last one opened."""
         return self.step - 1 if self.step else None
@@ -185,3 +170,19 @@ def add_metrics(target: dict[str, Any], metrics: dict[str, Any]) -> None:
             target[key] = float(number) if type(number) is int and not -(2**63) <= number < 2**63 else number
         else:
             raise TypeError(f"tuiwatch: log({key}=...) needs a number or a scalar tensor, got {type(value).__name__}")
+
+
+def set_aside(s: StepState, entered: float, left: float) -> None:
+    """``s`` was open while a validation block ran from ``entered`` to ``left``: that is not its compute.
+
+    Before the step's own work (nanoGPT evaluates at the top of its loop, after the boundary) the step
+    starts again after the block, so its phases start there too (and on CUDA its device time: a new start
+    mark). After it (an evaluation every N steps, once the optimizer has stepped) the block's host time is
+    taken out of ``compute_s``; on CUDA the block's kernels stay in the step's device time.
+    """
+    if s.forwards == 0 and s.opt_start is None:
+        s.started += left - entered
+        if s.device_start is not None:
+            s.device_start = device_mark()
+    else:
+        s.not_compute += left - entered

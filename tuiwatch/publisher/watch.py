@@ -36,7 +36,7 @@ from tuiwatch.publisher.ranks import current_ranks, replicated
 from tuiwatch.publisher.run_record import default_name, start_line
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
-from tuiwatch.publisher.steps import StepTracker, add_metrics
+from tuiwatch.publisher.steps import StepTracker, add_metrics, set_aside
 from tuiwatch.rules import Diagnosis, RulesConfig, rules_as_data
 from tuiwatch.wire.tcp import tcp_option
 
@@ -370,7 +370,7 @@ class Watch:
         finally:
             tracker.eval = None
             if tracker.cur is not None:
-                tracker.set_aside(tracker.cur, entered, time.perf_counter())  # evaluating is not the step's compute
+                set_aside(tracker.cur, entered, time.perf_counter())  # evaluating is not the step's compute
             if state.training is None:
                 state.training = self.model.training  # neither a forward nor a log inside the block
             state.t_end = time.time()
