@@ -31,6 +31,7 @@ What this cannot see is written in the run record (``integration``).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import runpy
@@ -112,6 +113,10 @@ class ScriptWatch:
         self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
         self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
         self._step_opened = False  # a loader's batch (or, without one, the first training forward) opened it
+        # The datasets whose batches steps trained on: a batch from one is training's even if drawn while the model
+        # is still in eval mode (the Trainer fetches the batches after an evaluation before it calls model.train()).
+        self._trained_on: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._step_dataset: Any = None
         self._steps_ended = 0
         self._forward_hook: Any = None
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
@@ -205,7 +210,10 @@ class ScriptWatch:
         self._steps_ended += 1
         if not self._step_opened and self._steps_ended > 1 and self._forward_hook is None:
             self._open_steps_at_forwards(watch)
-        self._step_opened = False
+        if self._step_dataset is not None:
+            with contextlib.suppress(TypeError):  # (a dataset that cannot be weakly referenced is not remembered)
+                self._trained_on.add(self._step_dataset)
+        self._step_opened, self._step_dataset = False, None
         watch.end_step()  # raises StopRequested when a viewer asked the run to stop
 
     def _open_steps_at_forwards(self, watch: Watch) -> None:
@@ -253,18 +261,27 @@ class ScriptWatch:
             recorder = self._recorders.get(it)
             ids = recorder.pop() if recorder is not None else None
             watch = self.watch
-            if not torch.is_grad_enabled() or (watch is not None and not watch.model.training):
+            evaluating = not torch.is_grad_enabled() or (watch is not None and not watch.model.training)
+            if evaluating and not self._trains_on(it):
                 return batch  # validation's
             first = getattr(it, "_num_yielded", None) == 1  # an epoch's first batch (a persistent iterator too)
             self.epochs += first
             if watch is not None:
                 self._step_opened = True
+                self._step_dataset = getattr(it, "_dataset", None)
                 watch.step(batch, ids=ids, data_wait_s=wait)
                 if first:
                     watch.log(epoch=self.epochs - 1)
             return batch
 
         return __next__
+
+    def _trains_on(self, it: Any) -> bool:
+        """Whether the iterator draws from a dataset that steps have trained on (not weak-referable: no)."""
+        try:
+            return getattr(it, "_dataset", None) in self._trained_on
+        except TypeError:
+            return False
 
 
 def run_script(
