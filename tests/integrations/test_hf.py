@@ -115,27 +115,37 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 class Tokens(torch.utils.data.Dataset):
     def __init__(self, n, seed):
         self.ids = torch.randint(0, 64, (n, 4), generator=torch.Generator().manual_seed(seed)).repeat(1, 4)
+        self.ids[:, 0] = torch.arange(n)  # each sequence starts with its index: the batch it came in can be told
     def __len__(self):
         return len(self.ids)
     def __getitem__(self, i):
         return {"input_ids": self.ids[i], "attention_mask": torch.ones(16, dtype=torch.long), "labels": self.ids[i]}
+
+class Recording(Trainer):
+    seen = []  # the sample indices of each micro-batch the Trainer trained on
+    def training_step(self, model, inputs, *args, **kwargs):
+        self.seen.append(inputs["input_ids"][:, 0].tolist())
+        return super().training_step(model, inputs, *args, **kwargs)
 
 torch.manual_seed(0)
 model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
 args = TrainingArguments(output_dir=sys.argv[1], max_steps=12, per_device_train_batch_size=8,
                          gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=6, report_to=[],
                          use_cpu=True, save_strategy="no", logging_steps=6, disable_tqdm=True)
-trainer = Trainer(model=model, args=args, train_dataset=Tokens(64, 0), eval_dataset=Tokens(32, 1))
+trainer = Recording(model=model, args=args, train_dataset=Tokens(64, 0), eval_dataset=Tokens(32, 1))
 trainer.train()
-json.dump([h for h in trainer.state.log_history if "grad_norm" in h], open(sys.argv[2], "w"))
+norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+json.dump({"norms": norms, "seen": Recording.seen}, open(sys.argv[2], "w"))
 """
 
 
-def test_an_unedited_trainer_script_under_run_keeps_the_batches_drawn_right_after_an_evaluation(
+def test_an_unedited_trainer_script_under_run_records_the_batches_each_step_trained_on(
     tmp_path: Path, socket_dir: Path
 ):
-    """The Trainer evaluates (model.eval()) and then draws the next step's batches before it calls model.train():
-    drawn in eval mode, they read as validation's, and that step had no batches and took the evaluation in."""
+    """Two things stood between a step and its batches. Accelerate's loader draws one ahead of what it hands the
+    Trainer, so each step was given the batches drawn during it (one later than those it trained on; at an epoch's
+    end 1, then 3). And the Trainer draws the batches after an evaluation before it calls model.train() again:
+    drawn in eval mode, they read as validation's, and that step had none and took the evaluation in."""
     script, logged = tmp_path / "trainer_script.py", tmp_path / "logged.json"
     script.write_text(TRAINER_UNDER_RUN)
     cmd = [sys.executable, "-m", "tuiwatch", "run", "--run-dir", str(tmp_path / "runs"), str(script)]
@@ -145,12 +155,14 @@ def test_an_unedited_trainer_script_under_run_keeps_the_batches_drawn_right_afte
     assert done.returncode == 0, done.stderr[-3000:]
     steps = records(ledger_file(tmp_path / "runs"), "step")
     assert [s["step"] for s in steps] == list(range(12))
-    # Step 0's batches were drawn before the first optimizer step found the Watch; every later step has batches,
-    # the one after each evaluation (steps 6) included. (Which batches: see docs/integrations.md, "Left for later".)
-    assert all(
-        s["batch_shape"] == {"input_ids": [8, 16], "attention_mask": [8, 16], "labels": [8, 16]} for s in steps[1:]
-    )
+    truth = json.loads(logged.read_text())
+    # Step 0's batches were drawn before the first optimizer step found the Watch; every later step has the two
+    # micro-batches it trained on, the one after the evaluation (step 6) and each epoch's first (4, 8) included:
+    # Accelerate draws one batch ahead of what it hands the Trainer, and the ids are those of the batches handed.
+    trained_on = [a + b for a, b in zip(truth["seen"][::2], truth["seen"][1::2], strict=True)]
+    assert [s["batch_ids"] for s in steps[1:]] == trained_on[1:]
+    assert [s.get("micro_batches") for s in steps[1:]] == [2] * 11
     assert all(s["data_wait_s"] is not None for s in steps[1:])
+    assert [s["epoch"] for s in steps[1:]] == [0] * 3 + [1] * 4 + [2] * 4
     # The Trainer's own grad norm at its logging steps (6 and 12) is the ledger's at the steps 5 and 11.
-    trainer_norms = [h["grad_norm"] for h in json.loads(logged.read_text())]
-    assert [steps[5]["grad_norm"], steps[11]["grad_norm"]] == pytest.approx(trainer_norms, rel=1e-5)
+    assert [steps[5]["grad_norm"], steps[11]["grad_norm"]] == pytest.approx(truth["norms"], rel=1e-5)

@@ -100,6 +100,25 @@ def _built_on(optimizer: torch.optim.Optimizer, objects: list[Any]) -> tuple[Any
     return scheduler, scaler
 
 
+class _Ahead:
+    """A base iterator an adapter draws from one batch ahead of what it hands the loop."""
+
+    __slots__ = ("batch", "drawn", "ids", "skip")
+
+    def __init__(self, skip: int):
+        self.batch: Any = None  # the last batch drawn, not handed over yet
+        self.ids: list[int] | None = None
+        self.drawn = 0
+        self.skip = skip  # the first batches it draws and never hands over (resuming mid-epoch)
+
+    def handed(self) -> bool:
+        """Whether the last batch drawn is one the adapter hands over (when the next is drawn, or the drawing ends)."""
+        return self.drawn > self.skip
+
+    def first(self) -> bool:
+        return self.drawn == self.skip + 1
+
+
 class ScriptWatch:
     """The hooks and patches of ``tuiwatch run``, and the Watch they make at the first optimizer step."""
 
@@ -111,6 +130,7 @@ class ScriptWatch:
         self.loss = BackwardLoss()
         self.epochs = 0  # training epochs begun: a training loader's first batch of an iteration
         self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
+        self._one_ahead: weakref.WeakKeyDictionary[Any, _Ahead] = weakref.WeakKeyDictionary()
         self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
         self._step_opened = False  # a loader's batch (or, without one, the first training forward) opened it
         # The datasets whose batches steps trained on: a batch from one is training's even if drawn while the model
@@ -247,6 +267,11 @@ class ScriptWatch:
                 building.active = False
             if recorder is not None:
                 self._recorders[it] = recorder
+            adapter = sys._getframe(1).f_locals.get("self")  # who asked: Accelerate's DataLoaderShard, say
+            if getattr(adapter, "base_dataloader", None) is loader:
+                # It draws one batch ahead of what it hands the loop (and skips the first skip_batches on resume):
+                # each batch is taken when the next is drawn, and the last when the drawing ends.
+                self._one_ahead[it] = _Ahead(skip=int(getattr(adapter, "skip_batches", 0) or 0))
             return it
 
         return __iter__
@@ -255,26 +280,42 @@ class ScriptWatch:
         clock = time.perf_counter
 
         def __next__(it: Any) -> Any:
+            ahead = self._one_ahead.get(it) if self._one_ahead else None
             t0 = clock()
-            batch = original(it)
+            try:
+                batch = original(it)
+            except StopIteration:
+                if ahead is not None and ahead.handed():  # the adapter hands the loop its last batch now
+                    self._took(it, ahead.batch, ahead.ids, clock() - t0, ahead.first())
+                    ahead.drawn = ahead.skip = 0  # (an iterator asked again after its end hands nothing more)
+                raise
             wait = clock() - t0
             recorder = self._recorders.get(it)
             ids = recorder.pop() if recorder is not None else None
-            watch = self.watch
-            evaluating = not torch.is_grad_enabled() or (watch is not None and not watch.model.training)
-            if evaluating and not self._trains_on(it):
-                return batch  # validation's
-            first = getattr(it, "_num_yielded", None) == 1  # an epoch's first batch (a persistent iterator too)
-            self.epochs += first
-            if watch is not None:
-                self._step_opened = True
-                self._step_dataset = getattr(it, "_dataset", None)
-                watch.step(batch, ids=ids, data_wait_s=wait)
-                if first:
-                    watch.log(epoch=self.epochs - 1)
+            if ahead is None:
+                self._took(it, batch, ids, wait, getattr(it, "_num_yielded", None) == 1)
+                return batch
+            if ahead.handed():  # drawing this one is when the adapter hands over the one before
+                self._took(it, ahead.batch, ahead.ids, wait, ahead.first())
+            ahead.batch, ahead.ids = batch, ids
+            ahead.drawn += 1
             return batch
 
         return __next__
+
+    def _took(self, it: Any, batch: Any, ids: list[int] | None, wait: float, first: bool) -> None:
+        """The loop was handed ``batch`` after waiting ``wait``: a training step's (or validation's, or skipped)."""
+        watch = self.watch
+        evaluating = not torch.is_grad_enabled() or (watch is not None and not watch.model.training)
+        if evaluating and not self._trains_on(it):
+            return  # validation's
+        self.epochs += first  # an epoch's first batch (a persistent iterator's too)
+        if watch is not None:
+            self._step_opened = True
+            self._step_dataset = getattr(it, "_dataset", None)
+            watch.step(batch, ids=ids, data_wait_s=wait)
+            if first:
+                watch.log(epoch=self.epochs - 1)
 
     def _trains_on(self, it: Any) -> bool:
         """Whether the iterator draws from a dataset that steps have trained on (not weak-referable: no)."""
