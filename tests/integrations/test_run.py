@@ -371,3 +371,64 @@ def test_the_rules_option_sets_the_watchs_rules_and_a_bad_one_stops_before_the_s
     assert (bad.returncode, bad.stdout) == (1, "")  # the script never ran
     assert bad.stderr == "tuiwatch: error: run --rules: rule 'lr-zero': threshold steps takes a number, got 'ten'\n"
     assert not (tmp_path / "runs").exists()
+
+
+ONE_AHEAD = """
+import json, sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Indexed(Dataset):
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return torch.full((3,), float(i)), torch.tensor(i % 2)
+
+class OneAhead:  # Accelerate's DataLoaderShard, as it iterates: one batch ahead, skip_batches when resuming
+    def __init__(self, loader, skip_batches=0):
+        self.base_dataloader, self.skip_batches = loader, skip_batches
+    def __iter__(self):
+        dataloader_iter = self.base_dataloader.__iter__()
+        try:
+            current_batch = next(dataloader_iter)
+        except StopIteration:
+            return
+        batch_index = 0
+        while True:
+            try:
+                next_batch = next(dataloader_iter)
+                if batch_index >= self.skip_batches:
+                    yield current_batch
+                batch_index += 1
+                current_batch = next_batch
+            except StopIteration:
+                if batch_index >= self.skip_batches:
+                    yield current_batch
+                break
+
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+seen = []
+for epoch, skip in enumerate((0, 2)):  # the second pass resumes mid-epoch: its first two batches are skipped
+    for x, y in OneAhead(DataLoader(Indexed(), batch_size=4, shuffle=True), skip_batches=skip):
+        seen.append(x[:, 0].long().tolist())
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+json.dump(seen, open(sys.argv[1], "w"))
+"""
+
+
+def test_an_adapter_that_draws_one_batch_ahead_gives_each_step_the_batch_it_trained_on(
+    socket_dir: Path, tmp_path: Path
+):
+    script, truth = tmp_path / "one_ahead.py", tmp_path / "seen.json"
+    script.write_text(ONE_AHEAD)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(truth.read_text())
+    assert len(seen) == 10 + 8  # 40 samples in 4s, then the same less the two skipped
+    steps = records(ledger_file(tmp_path / "runs"), "step")
+    assert [s["batch_ids"] for s in steps[1:]] == seen[1:]  # (step 0's batch came before the Watch)
+    assert [s["epoch"] for s in steps[1:]] == [0] * 9 + [1] * 8
