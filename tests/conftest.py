@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -12,6 +13,12 @@ import pytest
 
 from .helpers import STARTED, kill_tree
 from .ssh_helpers import Sshd, TwoHosts, ssh_command, start_sshd
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # A suite started as a background job of a shell without job control (`cmd &` in a script) inherits SIGINT
+    # ignored, and so would every training process it starts: Python then installs no KeyboardInterrupt, and the
+    # tests that press Ctrl-C on a run would wait for nothing. A handler here becomes the default in each child.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
