@@ -29,7 +29,11 @@ of failures. What it checks:
    allocator's reserved bytes, and this process's own GPU memory is read;
 9. overhead on the GPU: a model whose step takes ≥ 10 ms, with and without
    ``Watch``, in interleaved rounds: the ratio of median step times (SPEC §9:
-   under 1%); the same for the small MLP, printed for scale.
+   under 1%); the same for the small MLP, printed for scale;
+10. a ``watch.validation()`` block after a boundary and before the step's
+   forward (nanoGPT's place) is not in that step's ``compute_s``: the step's
+   device time, from the start event recorded again after the block, agrees
+   within 15% with its own work timed on the host.
 
 The output goes into docs/gpu.md.
 """
@@ -254,6 +258,38 @@ def event_timing(run_dir: Path, device: torch.device) -> None:
     check("8 this process's GPU memory read by NVML", any(isinstance(m, int) and m > 0 for m in mine), str(mine[:3]))
 
 
+def validation_at_the_top(run_dir: Path, device: torch.device) -> None:
+    """A validation block after the boundary and before the step's forward (nanoGPT's place) is not in the step's
+    device time: the step's start event is recorded again when the block ends (steps.set_aside)."""
+    model, optimizer, x = heavy_model(device)
+    watch = tuiwatch.Watch(model, optimizer, run_dir=run_dir, name="gpu-validation", system=False)
+    own: list[float] = []
+    for i in range(31):
+        watch.step(batch=(x,))
+        if i % 3 == 0:
+            model.eval()
+            with watch.validation(), torch.no_grad():  # four forwards: more device time than the step's own work
+                for _ in range(4):
+                    model(x)
+                watch.log(val_loss=0.0)
+            model.train()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        heavy_step(model, optimizer, x)
+        torch.cuda.synchronize()
+        own.append(time.perf_counter() - t0)
+    watch.close()
+    steps = [r for r in tuiwatch.read_ledger(watch.run_dir or "") if r["kind"] == "step"]
+    evaluated = [s["compute_s"] for s in steps if s["step"] % 3 == 0][1:]
+    work = [t for i, t in enumerate(own) if i % 3 == 0][1:]
+    ratio = statistics.median(evaluated) / statistics.median(work)
+    check(
+        "10 a validation block before the step's forward is not in its device time",
+        abs(ratio - 1) < 0.15,
+        f"median {statistics.median(evaluated) * 1e3:.2f} ms vs the step's own {statistics.median(work) * 1e3:.2f} ms",
+    )
+
+
 def paired_ratio(
     run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[Any]
 ) -> tuple[float, str]:
@@ -291,7 +327,7 @@ def main() -> int:
     device = torch.device("cuda", 0)
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
     with tempfile.TemporaryDirectory(prefix="tuiwatch-gpu-") as tmp:
-        for fn in (sync_free, stop_mode, cuda_oom, checkpoint_rng, event_timing, overhead):
+        for fn in (sync_free, stop_mode, cuda_oom, checkpoint_rng, event_timing, validation_at_the_top, overhead):
             try:
                 fn(Path(tmp) / fn.__name__, device)
             except Exception as exc:  # one broken check must not hide the others
