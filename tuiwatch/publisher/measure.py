@@ -29,14 +29,16 @@ def gradient_norm(tensors: Sequence[torch.Tensor]) -> Any:
     if not tensors:
         return None
     try:
-        norms: Sequence[torch.Tensor] = torch._foreach_norm(tensors if type(tensors) is list else list(tensors))
+        norms: tuple[torch.Tensor, ...] | list[torch.Tensor] = torch._foreach_norm(
+            tensors if type(tensors) is list else list(tensors)
+        )
     except RuntimeError:  # (NotImplementedError is one)
         # Sparse gradients (nn.Embedding(sparse=True)) have no fused norm (neither has clip_grad_norm_): one at a time.
         norms = [_one_norm(t) for t in tensors]
     if len(norms) <= _PYTHON_SUM_MAX and norms[0].is_cpu:
         return math.sqrt(math.fsum([n.item() ** 2 for n in norms]))
     try:
-        return torch.linalg.vector_norm(torch.stack(list(norms)))
+        return torch.linalg.vector_norm(torch.stack(norms))
     except RuntimeError:
         # several devices or dtypes: torch's own grouping handles them (the norm of the norms is the total norm)
         return torch.nn.utils.get_total_norm(norms, foreach=True)
