@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 import statistics
 from collections import deque
 from typing import Any
@@ -62,7 +63,11 @@ class LossChance(Rule):
     median of the last ``window`` losses is within ``tolerance`` of ln(C) and
     none of them went below ``(1 - 2 * tolerance) * ln(C)``; the schedule must
     have let the model learn (the lr has not risen for ``window`` steps: a
-    warm-up still climbing from 0 keeps the loss near ln(C) by design).
+    warm-up still climbing from 0 keeps the loss near ln(C) by design), and
+    before ``falling_wait`` steps the loss must not be still falling (a deep
+    network that starts on a plateau at ln(C) and leaves it a few hundred
+    steps in): falling is the window's older half above its newer half by
+    more than ``falling_t`` standard errors of the difference of their means.
     Never, once a loss below 0 was seen: a cross-entropy cannot be (REINFORCE's
     loss, over a policy's softmax output, is); an active alert then clears.
     Learned, then lost it: the window's median was below ``learned`` × ln(C)
@@ -87,12 +92,15 @@ class LossChance(Rule):
         learned: float = 0.5,
         jump: int = 4,
         grad_ratio: float = 20.0,
+        falling_t: float = 3.0,
+        falling_wait: int = 500,
     ):
         super().__init__()
         self.classes = classes
         self.source = "rules={'loss-chance': {'classes': ...}}" if classes is not None else None
         self.window, self.min_steps, self.tolerance = window, min_steps, tolerance
         self.learned, self.jump, self.grad_ratio = learned, jump, grad_ratio
+        self.falling_t, self.falling_wait = falling_t, falling_wait
         self.recent: deque[float] = deque(maxlen=window)
         self.grads: deque[float] = deque(maxlen=window)  # the grad norms of the same steps, when recorded
         self.steps: deque[object] = deque(maxlen=jump)  # the steps of the last `jump` losses
@@ -160,6 +168,24 @@ class LossChance(Rule):
                 return False
         return abs(statistics.median(self.recent) - chance) <= self.tolerance * chance
 
+    def _falling(self) -> bool:
+        """Whether the window's loss is still going down, before ``falling_wait`` steps: a slow start, not yet
+        a fault. Asked only of a window at chance, so its cost (two passes over the window) is rare."""
+        if self.seen >= self.falling_wait:
+            return False
+        values = list(self.recent)
+        half = len(values) // 2
+        if half < 2:
+            return False
+        older, newer = values[:half], values[-half:]
+        sum_older, sum_newer = sum(older), sum(newer)
+        squares = sum(map(operator.mul, older, older)) + sum(map(operator.mul, newer, newer))
+        # The variance of the difference of the two means, from sums of squares (float64 has digits to spare for
+        # losses near ln C; a window of equal losses may cancel to a hair under 0).
+        spread = max(squares - (sum_older * sum_older + sum_newer * sum_newer) / half, 0.0) / ((half - 1) * half)
+        fall = (sum_older - sum_newer) / half
+        return fall > 0 and fall * fall > self.falling_t * self.falling_t * spread
+
     def _lost(self, chance: float) -> float | None:
         """The median loss before the last ``jump`` steps, if it was learned and they are all at chance or above."""
         recent, jump = self.recent, self.jump
@@ -184,7 +210,7 @@ class LossChance(Rule):
         if chance is None or self.recent[-1] < (1 - 2 * self.tolerance) * chance:
             return None  # the usual answer, a learned loss under both tests' bars, without a call to either
         before = self._lost(chance)
-        if before is None and not (self._settled() and self._never_learned(chance)):
+        if before is None and not (self._settled() and self._never_learned(chance) and not self._falling()):
             return None
         self.since_fired = 0
         evidence: dict[str, Any] = {
