@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from tuiwatch.wire.socketdir import list_sockets
 from ..helpers import (
     LOADED_MACHINE_S,
     count_steps,
+    env_for,
     finish,
     ledger_file,
     load_truth,
@@ -110,3 +113,60 @@ def test_interpreter_exit_with_a_hung_disk_is_bounded(run_root: Path, socket_dir
     assert proc.returncode == 0
     steps = [r["step"] for r in records(ledger_file(run_root)) if r["kind"] == "step"]
     assert steps == list(range(len(steps)))  # what reached the disk before it hung is whole
+
+
+WORKERS_WITHOUT_WITH = """
+import sys
+import multiprocessing as mp
+import torch
+from tuiwatch import Watch
+
+def train(rank, run_dir, fail):
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    watch = Watch(model, optimizer, name=f"worker{rank}", run_dir=run_dir, quiet=True, system=False)  # no `with`
+    for _ in range(7):
+        watch.step()
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        watch.log(loss=loss)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    if fail:
+        raise ValueError("the worker's own bug")
+
+if __name__ == "__main__":
+    method, run_dir = sys.argv[1], sys.argv[2]
+    workers = [mp.get_context(method).Process(target=train, args=(rank, run_dir, rank == 1)) for rank in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    print("exit codes", [w.exitcode for w in workers])
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_watch_in_a_multiprocessing_worker_ends_its_ledger_without_a_with_block(
+    method: str, run_root: Path, socket_dir: Path, tmp_path: Path
+):
+    # Under fork the worker ends with os._exit (no atexit hook); under either, its target's exception is caught
+    # by multiprocessing and never reaches sys.excepthook. Each worker's ledger must still end, with the reason.
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS_WITHOUT_WITH)
+    done = subprocess.run(
+        [sys.executable, str(script), method, str(run_root)],
+        env=env_for(socket_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,  # two spawned interpreters import torch
+    )
+    assert done.stdout == "exit codes [0, 1]\n", done.stderr
+    ends = {}
+    for ledger in run_root.glob("*/ledger.jsonl"):
+        run = records(ledger, "run")[0]
+        assert [s["step"] for s in records(ledger, "step")] == list(range(7))
+        ends[run["name"]] = [(e["reason"], e["steps"]) for e in records(ledger, "end")]
+    assert ends == {"worker0": [("finished", 7)], "worker1": [("exception", 7)]}
+    assert list_sockets(socket_dir) == []

@@ -2,12 +2,18 @@
 
 Every live Watch is in :data:`watches`; the hooks are installed once per
 process, by the first Watch, and close those still open with the reason the
-process is ending for.
+process is ending for. A process that multiprocessing started (a hogwild
+worker, a rank of ``mp.spawn``) gets one more: under fork and forkserver it
+ends with ``os._exit``, which runs no atexit hook, and the target's exception
+never reaches ``sys.excepthook``; multiprocessing's own exit finalizers run
+first, with that exception still in ``sys.exc_info()``.
 """
 
 from __future__ import annotations
 
 import atexit
+import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -25,6 +31,7 @@ watches: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 _uncaught: list[type[BaseException]] = []
 _terminated: list[int] = []  # SIGTERM received: the run ends "killed"
+_finalized_in: int | None = None  # the pid whose multiprocessing exit finalizer closes its Watches
 
 
 def is_oom(failure: BaseException) -> bool:
@@ -49,6 +56,7 @@ def end_reason(exc_type: type[BaseException] | None) -> str:
 
 def install_hooks() -> None:
     global _installed
+    _close_at_multiprocessing_exit()  # per process: a forked child inherits _installed, not the finalizer
     if _installed:
         return
     _installed = True
@@ -68,9 +76,19 @@ def install_hooks() -> None:
 
 
 def _close_all_at_exit() -> None:
-    reason = end_reason(_uncaught[-1] if _uncaught else None)
+    failure = _uncaught[-1] if _uncaught else sys.exc_info()[0]  # (the latter: a multiprocessing target's)
+    reason = end_reason(None if failure is not None and issubclass(failure, SystemExit) else failure)
     for watch in list(watches):
         watch.close(reason)
+
+
+def _close_at_multiprocessing_exit() -> None:
+    global _finalized_in
+    pid = os.getpid()
+    if _finalized_in == pid or multiprocessing.parent_process() is None:
+        return
+    _finalized_in = pid
+    multiprocessing.util.Finalize(None, _close_all_at_exit, exitpriority=0)
 
 
 def _after_fork_in_child() -> None:
