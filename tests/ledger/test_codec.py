@@ -170,3 +170,29 @@ def test_a_step_record_without_nan_is_written_as_orjson_writes_it():
     record = {"kind": "step", "loss": 0.5, "param_norm": None, "finite": {"batch": True, "param": None}}
     assert encode(record) == orjson.dumps(record) + b"\n"
     assert orjson.loads(encode({**record, "param_norm": math.nan}))["param_norm"] == "nan"
+
+
+def test_a_value_orjson_cannot_write_is_written_plain_and_never_costs_the_record():
+    # A custom sampler's numpy ints in batch_ids made orjson raise, and the publisher lost every record of the
+    # batch it was writing. numpy's scalars are numbers; anything else is written as its text.
+    import numpy as np
+
+    class Odd:
+        def __str__(self) -> str:
+            return "odd" * 100
+
+    record = {
+        "kind": "step",
+        "step": 3,
+        "batch_ids": [np.int64(7), np.int32(-2), 2**70],
+        "loss": np.float32(0.5),
+        "acc": np.float64("nan"),
+        "note": Odd(),
+    }
+    line = encode(record)  # type: ignore[arg-type]
+    back = decode(line)
+    assert back["batch_ids"] == [7, -2, str(2**70)]
+    assert type(back["batch_ids"][0]) is int
+    assert back["loss"] == 0.5
+    assert math.isnan(back["acc"])
+    assert back["note"] == ("odd" * 100)[:200]

@@ -423,3 +423,60 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class NumpyBatchSampler(torch.utils.data.Sampler[list]):  # type: ignore[type-arg]
+    """A custom batch sampler as many scripts write one: slices of np.random.permutation, so numpy ints."""
+
+    def __init__(self, n: int, batch: int, seed: int):
+        self.n, self.batch, self.rng = n, batch, __import__("numpy").random.default_rng(seed)
+        self.drawn: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list]:  # type: ignore[type-arg]
+        order = self.rng.permutation(self.n)
+        for i in range(0, self.n, self.batch):
+            ids = list(order[i : i + self.batch])
+            self.drawn.append([int(v) for v in ids])
+            yield ids
+
+    def __len__(self) -> int:
+        return (self.n + self.batch - 1) // self.batch
+
+
+class KeyedRows(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """A dataset indexed by name, not by position (rows of a table keyed by file name)."""
+
+    def __init__(self, n: int):
+        self.rows = {f"row-{i}": (torch.randn(4), i % 2) for i in range(n)}
+
+    def __getitem__(self, key: str) -> tuple[torch.Tensor, int]:
+        return self.rows[key]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def test_a_custom_batch_samplers_numpy_ids_are_recorded_as_ints_and_named_keys_as_none(run_root: Path):
+    # The numpy ints went into batch_ids as they were, and the ledger's encoder refused them: every step record
+    # of the run was lost ("publisher degraded"). Keys that are not integers have no place in batch_ids.
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+    sampler = NumpyBatchSampler(40, 8, seed=1)
+    keyed = KeyedRows(16)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for loader in (
+            torch.utils.data.DataLoader(data, batch_sampler=sampler),
+            torch.utils.data.DataLoader(keyed, batch_sampler=[list(keyed.rows)[i : i + 4] for i in range(0, 16, 4)]),
+        ):
+            for x, y in watch.batches(loader):
+                loss = nn.functional.cross_entropy(model(x), y)
+                watch.log(loss=loss)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    steps = _steps(watch)
+    assert [s["batch_ids"] for s in steps] == [*sampler.drawn, None, None, None, None]
+    assert all(type(i) is int for s in steps[:5] for i in s["batch_ids"])
+    assert [r["status"] for r in records(watch.ledger_path, "publisher")] == ["ok"]  # type: ignore[arg-type]

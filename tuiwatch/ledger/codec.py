@@ -9,6 +9,7 @@ records (the only kinds whose values are user metrics).
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +20,7 @@ from tuiwatch.ledger.records import Decoded, Record
 _NONFINITE_TEXT = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _METRIC_KINDS = ("step", "eval")
 _CONTAINERS = frozenset((dict, list, tuple))
+_MAX_TEXT = 200  # a value written as its text: at most this many characters of it
 
 
 class DecodeError(ValueError):
@@ -34,12 +36,16 @@ def _finite_or_text(value: float) -> float | str:
 
 
 def _replace_nonfinite(obj: Any) -> Any:
+    """``obj`` with its non-finite floats as text, and what orjson refuses outright (an int past 64 bits, a key
+    that is not a string) made writable."""
     if isinstance(obj, float):
         return _finite_or_text(obj)
     if isinstance(obj, dict):
-        return {k: _replace_nonfinite(v) for k, v in obj.items()}
+        return {k if isinstance(k, str) else str(k): _replace_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [_replace_nonfinite(v) for v in obj]
+    if type(obj) is int and not -(2**63) <= obj < 2**64:
+        return str(obj)
     return obj
 
 
@@ -81,16 +87,31 @@ def _nones(record: Record) -> int:
     return count + list(finite.values()).count(None) if type(finite) is dict else count
 
 
+def _plain(value: Any) -> Any:
+    """A value orjson cannot write, as one it can (orjson calls this for those only, so the usual record pays
+    nothing): numpy's scalars (a custom sampler's ids are numpy ints) and any other number as a plain one,
+    anything else as its text. One odd value in a record must not cost the records written with it."""
+    if isinstance(value, numbers.Integral):
+        number = int(value)
+        return number if -(2**63) <= number < 2**64 else str(number)  # orjson writes 64-bit integers only
+    if isinstance(value, numbers.Real):
+        return _finite_or_text(float(value))
+    return str(value)[:_MAX_TEXT]
+
+
 def encode(record: Record) -> bytes:
     """One record as one line of bytes, newline included."""
     # orjson silently writes NaN and inf as null, which would erase the very value a user needs at 2 a.m. A line
     # with no more "null" than the record's counted Nones holds none of them (every None and every non-finite
     # float is one null; text can only add more); anything else is scanned (1 µs a step record where the scan of
     # every record took 2.5).
-    data = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+    try:
+        data = orjson.dumps(record, default=_plain, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:  # what orjson refuses before asking _plain (an int past 64 bits)
+        return orjson.dumps(_replace_nonfinite(record), default=_plain, option=orjson.OPT_APPEND_NEWLINE)
     if data.count(b"null") == _nones(record) or not _has_nonfinite(record):
         return data
-    return orjson.dumps(_replace_nonfinite(record), option=orjson.OPT_APPEND_NEWLINE)
+    return orjson.dumps(_replace_nonfinite(record), default=_plain, option=orjson.OPT_APPEND_NEWLINE)
 
 
 # Lists of lists deeper than this are not a metric: a hostile line of 600 nested lists raised RecursionError

@@ -10,6 +10,7 @@ so the ids of the next batch are the oldest recorded.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -20,13 +21,15 @@ class IndexRecorder:
 
     def __init__(self, sampler: Iterable[Any]):
         self.sampler = sampler
-        self.ids: deque[list[int]] = deque()
+        self.ids: deque[list[int] | None] = deque()
 
     def __iter__(self) -> Iterator[Any]:
         self.ids.clear()  # a new epoch (persistent workers reuse the iterator)
         ids = self.ids
         for item in self.sampler:
-            ids.append(item if type(item) is list else _as_id_list(item))  # a BatchSampler's list: as it is
+            # A BatchSampler's fresh list of ints (the usual) as it is, after a look at its first id: a custom
+            # batch sampler's list of numpy ints (np.random.permutation sliced) is read as ints.
+            ids.append(item if type(item) is list and (not item or type(item[0]) is int) else _as_id_list(item))
             yield item
 
     def __len__(self) -> int:
@@ -43,15 +46,18 @@ class IndexRecorder:
         return self.ids.popleft() if self.ids else None
 
 
-def _as_id_list(item: Any) -> list[int]:
-    if type(item) is list:
-        return item  # BatchSampler yields a fresh list of ints per batch
-    if isinstance(item, int):
-        return [item]
+def _as_id_list(item: Any) -> list[int] | None:
+    """A sampler's item as sample ids: an integer (numpy's and torch's too), or a sequence of them; None for
+    keys that are not integers (a dataset indexed by file name), which the ledger's ids cannot hold."""
+    if type(item) is int:
+        return [item]  # a plain sampler's index (a loader without batches)
     try:
-        return [int(i) for i in item]
-    except (TypeError, ValueError):
-        return []
+        return [operator.index(i) for i in item]
+    except TypeError:  # not a sequence (one index, the usual without a batch sampler), or not of integers
+        try:
+            return [operator.index(item)]
+        except TypeError:
+            return None
 
 
 def _recordable(loader: Any) -> bool:
