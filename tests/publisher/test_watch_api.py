@@ -83,6 +83,17 @@ def test_numpy_numbers_are_logged_as_plain_numbers_nan_included(run_root: Path, 
     assert [(s["acc"], s["right"], s["half"]) for s in steps] == [(0.75, 3, 0.5)] * 2
     assert all(type(s["right"]) is int for s in steps)
     assert all(math.isnan(s["auc"]) for s in steps)  # written as "nan", never as null
+    # A loop without batches() or an optimizer says its epoch and lr itself: `for epoch in np.arange(n)` gives
+    # numpy ints, and an lr schedule computed with numpy numpy floats. Both were refused as "not a number".
+    with Watch(model, None, run_dir=run_root / "by-hand") as watch:
+        for epoch in np.arange(2):
+            watch.step()
+            loss = nn.functional.cross_entropy(model(torch.randn(4, 2)), torch.tensor([0, 1, 0, 1]))
+            watch.log(loss=loss, epoch=epoch, lr=np.float32(0.25 / (epoch + 1)))
+            loss.backward()
+    steps = [r for r in _ledger(watch) if r["kind"] == "step"]
+    assert [(s["epoch"], s["lr"]) for s in steps] == [(0, [0.25]), (1, [0.125])]
+    assert all(type(s["epoch"]) is int for s in steps)
 
 
 def test_gradient_accumulation_puts_optimizer_fields_on_stepping_steps_only(run_root: Path, socket_dir: Path):

@@ -9,6 +9,7 @@ socket) opened by :func:`open_publishing` and started once those exist.
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 import time
@@ -534,9 +535,9 @@ def _sample_ids(ids: Any) -> list[int] | None:
 def _epoch(value: Any) -> int:
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
         value = int(value.item())
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:  # numpy's ints are numbers
         raise ValueError(f"tuiwatch: log(epoch=...) needs an integer >= 0, got {value!r}")
-    return value
+    return int(value)
 
 
 def _learning_rates(value: Any) -> list[Any]:
@@ -545,6 +546,6 @@ def _learning_rates(value: Any) -> list[Any]:
     for v in values:
         if isinstance(v, torch.Tensor) and v.numel() == 1:
             continue
-        if isinstance(v, bool) or not isinstance(v, int | float):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise TypeError(f"tuiwatch: log(lr=...) needs a number (or one per group), got {type(v).__name__}")
     return [defer(v) if isinstance(v, torch.Tensor) else float(v) for v in values]
