@@ -456,7 +456,7 @@ class KeyedRows(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return len(self.rows)
 
 
-def test_a_custom_batch_samplers_numpy_ids_are_recorded_as_ints_and_named_keys_as_none(run_root: Path):
+def test_a_samplers_numpy_or_tensor_ids_are_recorded_as_ints_and_named_keys_as_none(run_root: Path):
     # The numpy ints went into batch_ids as they were, and the ledger's encoder refused them: every step record
     # of the run was lost ("publisher degraded"). Keys that are not integers have no place in batch_ids.
     torch.manual_seed(0)
@@ -469,6 +469,10 @@ def test_a_custom_batch_samplers_numpy_ids_are_recorded_as_ints_and_named_keys_a
         for loader in (
             torch.utils.data.DataLoader(data, batch_sampler=sampler),
             torch.utils.data.DataLoader(keyed, batch_sampler=[list(keyed.rows)[i : i + 4] for i in range(0, 16, 4)]),
+            # A split given as a tensor of indices: the sampler yields 0-d tensors (their list went into batch_ids).
+            torch.utils.data.DataLoader(
+                data, batch_size=5, sampler=torch.utils.data.SubsetRandomSampler(torch.arange(0, 40, 2))
+            ),
         ):
             for x, y in watch.batches(loader):
                 loss = nn.functional.cross_entropy(model(x), y)
@@ -477,6 +481,8 @@ def test_a_custom_batch_samplers_numpy_ids_are_recorded_as_ints_and_named_keys_a
                 loss.backward()
                 optimizer.step()
     steps = _steps(watch)
-    assert [s["batch_ids"] for s in steps] == [*sampler.drawn, None, None, None, None]
-    assert all(type(i) is int for s in steps[:5] for i in s["batch_ids"])
+    assert [s["batch_ids"] for s in steps[:9]] == [*sampler.drawn, None, None, None, None]
+    split = [i for s in steps[9:] for i in s["batch_ids"]]
+    assert sorted(split) == list(range(0, 40, 2))
+    assert all(type(i) is int for s in steps[:5] + steps[9:] for i in s["batch_ids"])
     assert [r["status"] for r in records(watch.ledger_path, "publisher")] == ["ok"]  # type: ignore[arg-type]
