@@ -60,6 +60,8 @@ def test_bad_arguments_are_refused_with_one_line(run_root: Path, socket_dir: Pat
             watch.log(epoch=1.5)
         with pytest.raises(TypeError, match=r"step\(ids=\.\.\.\) needs a sequence of integers, got float"):
             watch.step(ids=1.5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"step\(data_wait_s=\.\.\.\) needs a number of seconds, got str"):
+            watch.step(data_wait_s="1s")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match=r"needs a scalar, got a tensor of shape \[2\]"):
             watch.log(loss=torch.ones(2))
         with pytest.raises(TypeError, match="needs a number or a scalar tensor, got str"):
@@ -87,12 +89,12 @@ def test_numpy_numbers_are_logged_as_plain_numbers_nan_included(run_root: Path, 
     # numpy ints, and an lr schedule computed with numpy numpy floats. Both were refused as "not a number".
     with Watch(model, None, run_dir=run_root / "by-hand") as watch:
         for epoch in np.arange(2):
-            watch.step()
+            watch.step(data_wait_s=np.float32(0.5))
             loss = nn.functional.cross_entropy(model(torch.randn(4, 2)), torch.tensor([0, 1, 0, 1]))
             watch.log(loss=loss, epoch=epoch, lr=np.float32(0.25 / (epoch + 1)))
             loss.backward()
     steps = [r for r in _ledger(watch) if r["kind"] == "step"]
-    assert [(s["epoch"], s["lr"]) for s in steps] == [(0, [0.25]), (1, [0.125])]
+    assert [(s["epoch"], s["lr"], s["data_wait_s"]) for s in steps] == [(0, [0.25], 0.5), (1, [0.125], 0.5)]
     assert all(type(s["epoch"]) is int for s in steps)
 
 

@@ -261,6 +261,8 @@ class Watch:
         tracker = self._tracker
         now = time.perf_counter()
         batch_ids = _sample_ids(ids)
+        if data_wait_s is not None:
+            data_wait_s = _seconds(data_wait_s)
         if tracker.folding():
             if batch is not None and not tracker.off:
                 tracker.fold(batch, batch_ids, data_wait_s)
@@ -530,6 +532,14 @@ def _sample_ids(ids: Any) -> list[int] | None:
         return [int(i) for i in ids]
     except (TypeError, ValueError):
         raise TypeError(f"tuiwatch: step(ids=...) needs a sequence of integers, got {type(ids).__name__}") from None
+
+
+def _seconds(value: Any) -> float:
+    """``step(data_wait_s=...)`` as a plain float: the rules read numbers of Python's types only, and a numpy
+    float would count as missing in the run's own diagnosis but as a number once the ledger is read back."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"tuiwatch: step(data_wait_s=...) needs a number of seconds, got {type(value).__name__}")
+    return float(value)
 
 
 def _epoch(value: Any) -> int:
