@@ -471,7 +471,9 @@ def test_a_samplers_numpy_or_tensor_ids_are_recorded_as_ints_and_named_keys_as_n
             torch.utils.data.DataLoader(keyed, batch_sampler=[list(keyed.rows)[i : i + 4] for i in range(0, 16, 4)]),
             # A split given as a tensor of indices: the sampler yields 0-d tensors (their list went into batch_ids).
             torch.utils.data.DataLoader(
-                data, batch_size=5, sampler=torch.utils.data.SubsetRandomSampler(torch.arange(0, 40, 2))
+                data,
+                batch_size=5,
+                sampler=torch.utils.data.SubsetRandomSampler(torch.arange(0, 40, 2)),  # type: ignore[arg-type]
             ),
         ):
             for x, y in watch.batches(loader):
