@@ -173,8 +173,8 @@ class ScriptWatch:
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         if os.getpid() != self._pid:
-            # A forked child (hogwild's workers) exits without closing a Watch (os._exit: the ledger would lose its
-            # last steps and its end), and N children would be N runs of one name: the script's process only.
+            # A forked child (hogwild's workers): N children would be N runs of one name, and none of them the
+            # script's own run. The script's process only; a child is watched by the three lines in its function.
             self.declined = True
             self.loss.enabled = False
             child = f"tuiwatch run: an optimizer stepped in a child process (pid {os.getpid()}); "

@@ -35,6 +35,10 @@ def _finite_or_text(value: float) -> float | str:
     return "inf" if value > 0 else "-inf"
 
 
+def _int_or_text(value: int) -> int | str:
+    return value if -(2**63) <= value < 2**64 else str(value)  # orjson writes 64-bit integers only
+
+
 def _replace_nonfinite(obj: Any) -> Any:
     """``obj`` with its non-finite floats as text, and what orjson refuses outright (an int past 64 bits, a key
     that is not a string) made writable."""
@@ -44,8 +48,8 @@ def _replace_nonfinite(obj: Any) -> Any:
         return {k if isinstance(k, str) else str(k): _replace_nonfinite(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [_replace_nonfinite(v) for v in obj]
-    if type(obj) is int and not -(2**63) <= obj < 2**64:
-        return str(obj)
+    if type(obj) is int:
+        return _int_or_text(obj)
     return obj
 
 
@@ -92,8 +96,7 @@ def _plain(value: Any) -> Any:
     nothing): numpy's scalars (a custom sampler's ids are numpy ints) and any other number as a plain one,
     anything else as its text. One odd value in a record must not cost the records written with it."""
     if isinstance(value, numbers.Integral):
-        number = int(value)
-        return number if -(2**63) <= number < 2**64 else str(number)  # orjson writes 64-bit integers only
+        return _int_or_text(int(value))
     if isinstance(value, numbers.Real):
         return _finite_or_text(float(value))
     return str(value)[:_MAX_TEXT]

@@ -261,7 +261,7 @@ class Watch:
         tracker = self._tracker
         now = time.perf_counter()
         batch_ids = _sample_ids(ids)
-        if data_wait_s is not None:
+        if data_wait_s is not None and type(data_wait_s) is not float:  # (a float, the usual, as it is)
             data_wait_s = _seconds(data_wait_s)
         if tracker.folding():
             if batch is not None and not tracker.off:
