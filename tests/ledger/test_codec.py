@@ -187,6 +187,8 @@ def test_a_value_orjson_cannot_write_is_written_plain_and_never_costs_the_record
         "batch_ids": [np.int64(7), np.int32(-2), 2**70],
         "loss": np.float32(0.5),
         "acc": np.float64("nan"),
+        "flag": np.bool_(True),
+        "flags": np.array([True, False]),
         "note": Odd(),
     }
     line = encode(record)  # type: ignore[arg-type]
@@ -195,4 +197,6 @@ def test_a_value_orjson_cannot_write_is_written_plain_and_never_costs_the_record
     assert type(back["batch_ids"][0]) is int
     assert back["loss"] == 0.5
     assert math.isnan(back["acc"])
+    assert back["flag"] is True
+    assert back["flags"] == "[ True False]"  # an array is no scalar: its text
     assert back["note"] == ("odd" * 100)[:200]

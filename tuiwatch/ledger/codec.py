@@ -95,6 +95,8 @@ def _plain(value: Any) -> Any:
     """A value orjson cannot write, as one it can (orjson calls this for those only, so the usual record pays
     nothing): numpy's scalars (a custom sampler's ids are numpy ints) and any other number as a plain one,
     anything else as its text. One odd value in a record must not cost the records written with it."""
+    if getattr(getattr(value, "dtype", None), "kind", None) == "b" and getattr(value, "shape", None) == ():
+        return bool(value)  # numpy's bool (a config flag, a metric's verdict), which is no number to Python
     if isinstance(value, numbers.Integral):
         return _int_or_text(int(value))
     if isinstance(value, numbers.Real):
