@@ -488,3 +488,57 @@ def test_a_samplers_numpy_or_tensor_ids_are_recorded_as_ints_and_named_keys_as_n
     assert sorted(split) == list(range(0, 40, 2))
     assert all(type(i) is int for s in steps[:5] + steps[9:] for i in s["batch_ids"])
     assert [r["status"] for r in records(watch.ledger_path, "publisher")] == ["ok"]  # type: ignore[arg-type]
+
+
+class ShardBlocks(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Whole batches stored as blocks, keyed by (shard, block), served without batching (batch_size=None)."""
+
+    def __init__(self) -> None:
+        self.blocks = {(s, b): (torch.randn(4, 4), torch.randint(0, 2, (4,))) for s in range(2) for b in range(3)}
+
+    def __getitem__(self, key: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.blocks[key]
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+
+class RowsAtOnce(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """A dataset that fetches a batch in one call, given its indices as a list (batch_size=None, a BatchSampler)."""
+
+    def __init__(self, n: int) -> None:
+        self.x, self.y = torch.randn(n, 4), torch.randint(0, 2, (n,))
+
+    def __getitem__(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[rows], self.y[rows]
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+def test_without_batching_a_tuple_key_is_one_sample_not_several_ids_and_a_list_of_rows_is_the_batchs_ids(
+    run_root: Path,
+):
+    # batch_size=None: the sampler's item is the one key the dataset is asked for. A (shard, block) key was read
+    # as the ids [shard, block], and the dump of a bad batch named two samples that were never in it.
+    torch.manual_seed(0)
+    blocks = ShardBlocks()
+    rows = RowsAtOnce(12)
+    batch_rows = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(rows), 4, drop_last=False)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for loader in (
+            torch.utils.data.DataLoader(blocks, sampler=list(blocks.blocks), batch_size=None),
+            torch.utils.data.DataLoader(rows, sampler=batch_rows, batch_size=None),
+            torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(3, 4, 4)), batch_size=None),
+        ):
+            for batch in watch.batches(loader):
+                x, y = (batch[0], torch.zeros(4, dtype=torch.long)) if len(batch) == 1 else batch
+                loss = nn.functional.cross_entropy(model(x), y)
+                watch.log(loss=loss)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    ids = [s["batch_ids"] for s in _steps(watch)]
+    assert ids == [None] * 6 + [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] + [[0], [1], [2]]

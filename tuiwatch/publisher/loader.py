@@ -19,13 +19,22 @@ from typing import Any
 class IndexRecorder:
     """Wraps an index sampler and remembers what it yielded, oldest first."""
 
-    def __init__(self, sampler: Iterable[Any]):
+    def __init__(self, sampler: Iterable[Any], *, batches: bool = True):
         self.sampler = sampler
+        # A loader without batching (batch_size=None) asks its dataset for one key at a time: a tuple key is one
+        # sample's ((shard, offset)), not several ids. A list is still read as ids: a dataset that fetches a whole
+        # batch at once is given its indices as a list.
+        self.batches = batches
         self.ids: deque[list[int] | None] = deque()
 
     def __iter__(self) -> Iterator[Any]:
         self.ids.clear()  # a new epoch (persistent workers reuse the iterator)
         ids = self.ids
+        if not self.batches:
+            for item in self.sampler:
+                ids.append(None if type(item) is tuple else _as_id_list(item))
+                yield item
+            return
         for item in self.sampler:
             # A BatchSampler's fresh list of ints (the usual) as it is, after a look at its first id: a custom
             # batch sampler's list of numpy ints (np.random.permutation sliced) is read as ints.
@@ -86,7 +95,7 @@ def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
         return iter(loader), existing
     attr = "batch_sampler" if loader._auto_collation else "sampler"
     original = getattr(loader, attr)
-    recorder = IndexRecorder(original)
+    recorder = IndexRecorder(original, batches=loader._auto_collation)
     # DataLoader.__setattr__ forbids this after init; the swap lasts only for iter().
     object.__setattr__(loader, attr, recorder)
     try:
@@ -105,7 +114,7 @@ def _adapter_with_ids(adapter: Any, base: Any) -> tuple[Iterator[Any], IndexReco
     attr = "batch_sampler" if base._auto_collation else "sampler"
     current = getattr(base, attr)
     original = current.sampler if isinstance(current, IndexRecorder) else current  # an epoch left unfinished
-    recorder = IndexRecorder(original)
+    recorder = IndexRecorder(original, batches=base._auto_collation)
 
     def batches() -> Iterator[Any]:
         object.__setattr__(base, attr, recorder)
