@@ -69,3 +69,17 @@ def test_report_replays_the_rules_the_run_ran_not_those_it_turned_off():
     assert replayed(rules=["nonfinite"]) == set()
     assert replayed(rules={"loss-spike": {"ratio": 100.0}}) == set()  # its thresholds too
     assert replayed(rules={"no-such-rule": False}) == {"loss-spike"}  # unreadable here: the defaults
+
+
+def test_a_short_runs_length_is_given_to_a_tenth_of_a_second_and_a_long_ones_in_whole_units():
+    # pytorch/examples' mnist_rnn on a small dataset: 188 steps "in 0s".
+    def run(seconds: float) -> list[dict[str, Any]]:
+        return [
+            {"kind": "run", "t": 100.0, "name": "short", "run_id": "r"},
+            {"kind": "step", "t": 100.0 + seconds, "step": 0, "loss": 1.0},
+        ]
+
+    lines = [
+        next(x for x in as_text(summarize(run(s))).splitlines() if x.startswith("steps")) for s in (0.94, 12.7, 125)
+    ]
+    assert lines == ["steps      1 in 0.9s, 0 evals", "steps      1 in 12s, 0 evals", "steps      1 in 2m05s, 0 evals"]

@@ -236,13 +236,19 @@ def _loss_text(summary: dict[str, Any]) -> str:
     )
 
 
+def _span_text(seconds: Any) -> str:
+    value = finite(seconds)
+    # A short run's whole seconds said "188 steps in 0s"; the viewer's clock keeps whole seconds (it ticks).
+    return f"{value:.1f}s" if value is not None and 0 <= value < 10 else duration(seconds)
+
+
 def as_text(summary: dict[str, Any]) -> str:
     share = summary["data_wait_share"]
     lines = [
         # Every string comes from a ledger, which may come from anywhere: shown literally.
         f"run        {safe(str(summary['name']))} ({safe(str(summary['run_id']))})",
         f"end        {safe(str(summary['end'] or 'no end record (the run was killed or is still going)'))}",
-        f"steps      {summary['steps']} in {duration(summary['duration_s'])}, {summary['evals']} evals",
+        f"steps      {summary['steps']} in {_span_text(summary['duration_s'])}, {summary['evals']} evals",
         _loss_text(summary),
         f"data wait  {_share_text(share, summary['steps'])}",
         f"memory     peak allocated {size(summary['peak_mem_bytes'])}, peak RSS {size(summary['peak_rss_bytes'])}",
