@@ -179,6 +179,20 @@ def test_a_script_without_an_optimizer_runs_and_is_told_nothing_was_watched(sock
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_script_that_fails_before_training_keeps_its_error_and_exit_status_and_gets_no_advice(
+    run_root: Path, socket_dir: Path
+):
+    # argparse's exit 2 was followed by "a loop that updates the weights itself ... needs the three lines".
+    done = watched(run_root, socket_dir, "--no-such-flag")
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert lines[-2].endswith("error: unrecognized arguments: --no-such-flag")
+    assert lines[-1] == (
+        "tuiwatch run: the script ended (exit status 2) before any torch optimizer stepped, so nothing was watched"
+    )
+    assert not run_root.exists()
+
+
 def test_an_lbfgs_closure_step_records_its_first_evaluation(run_root: Path, socket_dir: Path, tmp_path: Path):
     """time_sequence_prediction's loop: LBFGS calls the closure up to max_iter times inside step(). The step's loss
     and gradient norm are the first call's (at the weights the step starts from; what step() returns), not the sum

@@ -358,6 +358,11 @@ def run_script(
         hooks.remove()
         if hooks.watch is not None:
             hooks.watch.close(reason)
+        elif status != 0:
+            # A script that failed before training (a bad argument, a missing file): its own error says why;
+            # the advice below would send its user to the three lines for nothing.
+            report(f"tuiwatch run: the script ended (exit status {status}) before any torch optimizer stepped, so "
+                   "nothing was watched")  # fmt: skip
         elif not hooks.declined:
             # A loop that updates its weights by hand (p.data.add_(p.grad, ...)) has no step to find.
             report("tuiwatch run: no torch optimizer stepped in this script's process, so nothing was watched; a "
