@@ -446,3 +446,62 @@ def test_an_adapter_that_draws_one_batch_ahead_gives_each_step_the_batch_it_trai
     steps = records(ledger_file(tmp_path / "runs"), "step")
     assert [s["batch_ids"] for s in steps[1:]] == seen[1:]  # (step 0's batch came before the Watch)
     assert [s["epoch"] for s in steps[1:]] == [0] * 9 + [1] * 8
+
+
+EVALUATES_ON_ITS_TRAINING_SET = """
+import json, sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+x = torch.cat([torch.arange(96.0)[:, None], torch.randn(96, 4)], 1)  # each row starts with its index
+data = torch.utils.data.TensorDataset(x, torch.randint(0, 2, (96,)))
+loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+model = nn.Linear(5, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+def evaluate(batches):
+    model.eval()
+    with torch.no_grad():
+        for inputs, _ in batches:
+            model(inputs)
+    model.train()
+
+seen = []
+batches = iter(loader)
+for i in range(12):
+    if i == 6:
+        evaluate(torch.utils.data.DataLoader(data, batch_size=32))  # minGPT's adder: a new loader on its training set
+        evaluate(loader)  # the training loader itself
+        model.eval()  # the Trainer: a step's batch drawn after an evaluation, before model.train()
+        inputs, labels = next(batches)
+        model.train()
+    else:
+        inputs, labels = next(batches)
+    seen.append(inputs[:, 0].long().tolist())
+    loss = nn.functional.cross_entropy(model(inputs), labels)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+json.dump(seen, open(sys.argv[1], "w"))
+"""
+
+
+def test_an_evaluation_on_the_training_set_is_no_step_and_a_batch_drawn_before_model_train_is_one(
+    run_root: Path, socket_dir: Path, tmp_path: Path
+):
+    # minGPT's adder scores its model on its training set (a new DataLoader, eval mode, no_grad) every 500 steps:
+    # those 95 batches were taken for the next step's (4,096 ids, the evaluation in its compute time), because a
+    # batch drawn in eval mode from a dataset steps trained on counts as training's (the Trainer draws the next
+    # step's batches before model.train()). The model's next forward now tells the two apart.
+    script, truth = tmp_path / "evaluates_on_train.py", tmp_path / "seen.json"
+    script.write_text(EVALUATES_ON_ITS_TRAINING_SET)
+    done = run([*TUIWATCH, "--run-dir", str(run_root), str(script), str(truth)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    steps = records(ledger_file(run_root), "step")
+    seen = json.loads(truth.read_text())
+    assert [s["step"] for s in steps] == list(range(12))
+    # Step 0's batch was drawn before the first optimizer step made the Watch; every other step has its own.
+    assert [s["batch_ids"] for s in steps[1:]] == seen[1:]
+    assert all(s["batch_shape"] == [[8, 5], [8]] and s.get("micro_batches") is None for s in steps[1:])
+    assert steps[6]["data_wait_s"] is not None

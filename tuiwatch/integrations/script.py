@@ -133,10 +133,13 @@ class ScriptWatch:
         self._one_ahead: weakref.WeakKeyDictionary[Any, _Ahead] = weakref.WeakKeyDictionary()
         self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
         self._step_opened = False  # a loader's batch (or, without one, the first training forward) opened it
-        # The datasets whose batches steps trained on: a batch from one is training's even if drawn while the model
-        # is still in eval mode (the Trainer fetches the batches after an evaluation before it calls model.train()).
+        # The datasets whose batches steps trained on. A batch from one drawn while the model is in eval mode may
+        # be training's (the Trainer fetches the batches after an evaluation before it calls model.train()) or
+        # an evaluation's on the training set (minGPT's adder): it is held until the model's next forward says.
         self._trained_on: weakref.WeakSet[Any] = weakref.WeakSet()
         self._step_dataset: Any = None
+        self._held: list[tuple[Any, Any, list[int] | None, float, bool]] = []  # (dataset, batch, ids, wait, first)
+        self._held_hook: Any = None
         self._steps_ended = 0
         self._forward_hook: Any = None
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
@@ -153,6 +156,7 @@ class ScriptWatch:
         self._undo.append(wrap_attribute(_BaseDataLoaderIter, "__next__", self._next))
 
     def remove(self) -> None:
+        self._drop_held()
         while self._undo:
             self._undo.pop()()
 
@@ -306,21 +310,50 @@ class ScriptWatch:
     def _took(self, it: Any, batch: Any, ids: list[int] | None, wait: float, first: bool) -> None:
         """The loop was handed ``batch`` after waiting ``wait``: a training step's (or validation's, or skipped)."""
         watch = self.watch
-        evaluating = not torch.is_grad_enabled() or (watch is not None and not watch.model.training)
-        if evaluating and not self._trains_on(it):
-            return  # validation's
+        dataset = getattr(it, "_dataset", None)
+        if not torch.is_grad_enabled() or (watch is not None and not watch.model.training):
+            if watch is not None and self._trains_on(dataset):
+                self._hold(watch, (dataset, batch, ids, wait, first))
+            return  # validation's, or held until the next forward tells
+        self._drop_held()  # batches drawn for an evaluation on the training set: no forward in training mode came
+        self._open(dataset, batch, ids, wait, first)
+
+    def _open(self, dataset: Any, batch: Any, ids: list[int] | None, wait: float, first: bool) -> None:
         self.epochs += first  # an epoch's first batch (a persistent iterator's too)
+        watch = self.watch
         if watch is not None:
             self._step_opened = True
-            self._step_dataset = getattr(it, "_dataset", None)
+            self._step_dataset = dataset
             watch.step(batch, ids=ids, data_wait_s=wait)
             if first:
                 watch.log(epoch=self.epochs - 1)
 
-    def _trains_on(self, it: Any) -> bool:
-        """Whether the iterator draws from a dataset that steps have trained on (not weak-referable: no)."""
+    def _hold(self, watch: Watch, drawn: tuple[Any, Any, list[int] | None, float, bool]) -> None:
+        self._held.append(drawn)
+        if self._held_hook is None:
+            # Before any other pre-hook (the one that opens a step at a training forward): these batches open it.
+            self._held_hook = watch.model.register_forward_pre_hook(
+                ForwardHook(self._forward_after_held), with_kwargs=True, prepend=True
+            )
+
+    def _forward_after_held(self, module: Any, args: Any, kwargs: Any) -> None:
+        """The model's first forward since batches were held: in training mode, they were a step's."""
+        held = self._held
+        self._drop_held()
+        if module.training and torch.is_grad_enabled():
+            for drawn in held:
+                self._open(*drawn)
+
+    def _drop_held(self) -> None:
+        if self._held_hook is not None:
+            self._held_hook.remove()
+            self._held_hook = None
+        self._held = []
+
+    def _trains_on(self, dataset: Any) -> bool:
+        """Whether steps have trained on ``dataset`` (not weak-referable: no)."""
         try:
-            return getattr(it, "_dataset", None) in self._trained_on
+            return dataset in self._trained_on
         except TypeError:
             return False
 
