@@ -59,3 +59,24 @@ def test_removed_leaves_torch_as_it_was():
     assert (torch.Tensor.backward, torch.autograd.backward, torch.amp.GradScaler.scale) == before
     _loss().backward()
     assert seen.take() is None
+
+
+def test_losses_on_two_devices_are_summed_on_the_first_and_a_loss_that_cannot_be_added_never_raises():
+    # Inside the loop's backward: a model split over two GPUs backpropagates a [1]-shaped loss on each, which
+    # torch cannot add where they are; the sum raised out of the user's backward() and ended the run.
+    seen = BackwardLoss()
+    seen.add(torch.tensor([0.5]))
+    seen.add(torch.tensor([0.25], dtype=torch.float64))
+    total = seen.take()
+    assert total is not None
+    assert total.item() == 0.75
+    # A device the sum cannot be moved to or from here (meta: no data) stands in for one that fails: no raise,
+    # and that step records no loss rather than a part of it; the next step is read again.
+    seen.add(torch.tensor([0.5]))
+    seen.add(torch.tensor([1.0], device="meta"))
+    seen.add(torch.tensor([2.0]))
+    assert seen.take() is None
+    seen.add(torch.tensor(3.0))
+    total = seen.take()
+    assert total is not None
+    assert total.item() == 3.0

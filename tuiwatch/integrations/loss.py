@@ -29,6 +29,7 @@ class BackwardLoss:
         self.total: torch.Tensor | None = None
         self.enabled = True
         self.held = False  # the step's loss is complete (a closure's first call returned): nothing more counts
+        self.unreadable = False  # a loss of this step could not be added: the step has none
         self._scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
         self._in_tensor_backward = False  # Tensor.backward calls torch.autograd.backward: counted once
         self._undo: list[Callable[[], None]] = []
@@ -44,22 +45,37 @@ class BackwardLoss:
 
     def add(self, loss: torch.Tensor) -> None:
         """One more scalar into the step's sum (what the wrapped backward does; a framework that hands the loss
-        over calls it itself, without installing anything)."""
-        value = loss.detach()
-        self.total = value if self.total is None else self.total + value  # on the device: no sync
+        over calls it itself, without installing anything). Runs inside the loop's backward: never raises."""
+        if self.unreadable:
+            return
+        try:
+            value = loss.detach()
+            total = self.total
+            if total is not None and value.device != total.device:
+                # A model split over devices backpropagates a loss on each: summed on the first one's device (an
+                # asynchronous copy). Two 1-element tensors on two devices cannot be added as they are.
+                value = value.to(total.device, non_blocking=True)
+            self.total = value if total is None else total + value  # on the device: no sync
+        except Exception:  # (a loss torch cannot copy or add): this step records no loss rather than a part of it
+            self.total, self.unreadable = None, True
 
     def hold(self) -> None:
         """Count nothing more until the next :meth:`take`."""
         self.held = True
 
     def take(self) -> torch.Tensor | None:
-        """The sum since the last take (None when nothing was backpropagated); starts the next."""
+        """The sum since the last take (None when nothing was backpropagated, or a loss could not be read); starts
+        the next."""
         total, self.total = self.total, None
-        self.held = False
+        self.held = self.unreadable = False
         return total
 
     def _count(self, tensor: torch.Tensor) -> None:
-        if self.enabled and not self.held and tensor.numel() == 1:
+        try:
+            one = tensor.numel() == 1
+        except Exception:  # a tensor of ragged parts has no element count: no loss (its backward is torch's to judge)
+            return
+        if self.enabled and not self.held and one:
             scaled = self._scaled
             self.add(scaled[1] if scaled is not None and scaled[0]() is tensor else tensor)
 
