@@ -542,3 +542,39 @@ def test_without_batching_a_tuple_key_is_one_sample_not_several_ids_and_a_list_o
                 optimizer.step()
     ids = [s["batch_ids"] for s in _steps(watch)]
     assert ids == [None] * 6 + [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] + [[0], [1], [2]]
+
+
+class SignSGD(torch.optim.Optimizer):
+    """A research optimizer whose param groups have a step size and no "lr"."""
+
+    def __init__(self, params: Iterator[nn.Parameter], step_size: float = 0.01):
+        super().__init__(params, {"step_size": step_size})
+
+    @torch.no_grad()
+    def step(self, closure: None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad.sign(), alpha=-group["step_size"])
+
+
+def test_an_optimizer_whose_groups_have_no_lr_is_watched_and_its_lr_is_null(run_root: Path):
+    # The optimizer post-hook read group["lr"]: a KeyError out of the user's optimizer.step() ended the run.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = SignSGD(model.parameters())
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(30):
+            x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+            watch.step(x)
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    steps = _steps(watch)
+    assert len(steps) == 30
+    assert all(s["lr"] == [None] and s["opt_step"] == s["step"] + 1 for s in steps)
+    assert all(s["grad_norm"] > 0 for s in steps)
+    assert [a["rule"] for a in _alerts(watch) if a["severity"] != "info"] == []
+    assert records(watch.ledger_path, "end")[-1]["reason"] == "finished"  # type: ignore[arg-type]

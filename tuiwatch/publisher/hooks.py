@@ -236,7 +236,8 @@ class ModelHooks:
         s.opt_end = time.perf_counter()
         if s.device_start is not None:
             s.opt_end_mark = device_mark()
-        s.lr = [defer(g["lr"]) if isinstance(g["lr"], torch.Tensor) else g["lr"] for g in optimizer.param_groups]
+        # .get: an optimizer of one's own may give its groups a step size and no "lr" (a KeyError here ended runs).
+        s.lr = [defer(lr) if isinstance(lr := g.get("lr"), torch.Tensor) else lr for g in optimizer.param_groups]
         if s.opt_skipped:
             return
         tracker.opt_steps += 1
