@@ -578,3 +578,30 @@ def test_an_optimizer_whose_groups_have_no_lr_is_watched_and_its_lr_is_null(run_
     assert all(s["grad_norm"] > 0 for s in steps)
     assert [a["rule"] for a in _alerts(watch) if a["severity"] != "info"] == []
     assert records(watch.ledger_path, "end")[-1]["reason"] == "finished"  # type: ignore[arg-type]
+
+
+def test_an_lr_a_schedule_computed_with_numpy_is_read_by_the_rules(run_root: Path):
+    # A hand-written cosine schedule (g["lr"] = base * (1 + np.cos(...)) / 2) leaves numpy floats in the groups:
+    # the ledger wrote them as numbers, but the rules read numbers by type and saw no lr at all (lr-zero, the
+    # warm-up tests of loss-spike and loss-chance, no-update's message).
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for step in range(40):
+            for group in optimizer.param_groups:  # a cosine from 0.1 to 0 over 20 steps, then 0
+                group["lr"] = 0.1 * (1 + np.cos(np.pi * min(step, 20) / 20)) / 2
+            x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+            watch.step(x)
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    steps = _steps(watch)
+    assert steps[0]["lr"] == [0.1]
+    assert steps[-1]["lr"] == [0.0]
+    fired = [(a["rule"], a["step"]) for a in _alerts(watch) if a["severity"] != "info"]
+    assert fired == [("lr-zero", 29)]  # the lr is 0 from step 20: ten optimizer steps at 0

@@ -22,6 +22,7 @@ op (measured: +230 µs per step of the tiny MLP, against +24 µs of work).
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
@@ -126,4 +127,8 @@ def resolve(value: Any) -> Any:
         return value.item()
     if isinstance(value, list):
         return [resolve(v) for v in value]
+    kind: type = type(value)
+    if kind is not int and kind is not bool and isinstance(value, numbers.Real):
+        # numpy's (an lr a hand-written schedule computed with np.cos): the rules read numbers by their type.
+        return int(value) if isinstance(value, numbers.Integral) else float(value)
     return value
