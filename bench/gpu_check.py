@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 import tuiwatch
+from tuiwatch.publisher import room
 
 results: list[tuple[str, bool, str]] = []
 
@@ -115,6 +116,12 @@ def sync_free(run_dir: Path, device: torch.device) -> None:
     )
     finite = all(s["finite"]["forward"] is True and s["finite"]["grad"] is True for s in steps)
     check("2 finiteness and grad norms resolved", finite and all(s["grad_norm"] for s in steps))
+    sampled = [s["update_norm"] for s in steps if s.get("update_norm") is not None]
+    check(
+        "2 update norm sampled: its copy had room on the device (room.py, no sync)",
+        bool(sampled) and all(u > 0 for u in sampled),
+        f"{len(sampled)} samples; spare {room.spare_bytes(device)} bytes",
+    )
     mem = all(
         isinstance(s.get("mem_allocated"), int)
         and s["mem_allocated"] <= s["mem_reserved"]

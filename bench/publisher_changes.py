@@ -313,7 +313,7 @@ def update_norm_rows(rounds: int) -> tuple[float, float]:
     def new() -> Any:
         before = ModelHooks._snapshot(holder, params)  # type: ignore[arg-type]
         opt.step()
-        return ModelHooks._update_norm(params, before)
+        return None if before is None else ModelHooks._update_norm(before)
 
     results: dict[str, list[float]] = {"old": [], "new": []}
     for r in range(rounds):

@@ -605,3 +605,34 @@ def test_an_lr_a_schedule_computed_with_numpy_is_read_by_the_rules(run_root: Pat
     assert steps[-1]["lr"] == [0.0]
     fired = [(a["rule"], a["step"]) for a in _alerts(watch) if a["severity"] != "info"]
     assert fired == [("lr-zero", 29)]  # the lr is 0 from step 20: ten optimizer steps at 0
+
+
+def test_a_fine_tuned_models_update_norm_copies_only_the_parameters_that_move_and_follows_an_unfreeze(
+    run_root: Path,
+):
+    # The update norm copied every parameter before a sampled step: on a frozen 7B model with a LoRA adapter, a
+    # 14 GB copy for a few MB that move (the run's OOM at its first step). Frozen weights do not move: their
+    # update is 0 and they are not copied. A second stage that unfreezes the backbone is measured whole.
+    torch.manual_seed(0)
+    backbone, head = nn.Linear(64, 64), nn.Linear(64, 3)
+    model = nn.Sequential(backbone, nn.ReLU(), head)
+    backbone.requires_grad_(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # plain SGD: the update is lr x the gradient
+    expected: list[float] = []
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, update_norm_every=1) as watch:
+        for step in range(6):
+            if step == 3:
+                backbone.requires_grad_(True)  # stage two
+            x, y = torch.randn(16, 64), torch.randint(0, 3, (16,))
+            watch.step(x)
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            optimizer.zero_grad()
+            loss.backward()
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            expected.append(0.1 * math.sqrt(sum(float(g.pow(2).sum()) for g in grads)))
+            optimizer.step()
+            copied = watch._hooks._kept_snapshot
+            assert copied is not None
+            assert sum(t.numel() for t in copied[1]) == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert [s["update_norm"] for s in _steps(watch)] == pytest.approx(expected, rel=1e-5)

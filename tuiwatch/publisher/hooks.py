@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tuiwatch.publisher import pickling, process
+from tuiwatch.publisher import pickling, process, room
 from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.deferred import defer, defer_tensor, device_mark
@@ -114,9 +114,9 @@ class ModelHooks:
         self.param_norm_every = param_norm_every
         # The gradients are made inside optimizer.step(closure) (Lightning): measured when gradients_ready() says.
         self.late_gradients = late_gradients
-        self._before_update: list[torch.Tensor] | None = None
+        self._before_update: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (moving, their copy)
         self._param_cache: tuple[int, list[torch.Tensor]] = (-1, [])
-        self._kept_snapshot: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (params, buffers)
+        self._kept_snapshot: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (moving, buffers)
         self._classes_reported = False
         self._handles: list[Any] = []
 
@@ -171,24 +171,41 @@ class ModelHooks:
         s.grad_norm = norm
         s.clip_max_norm = max_norm
 
-    def _snapshot(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The parameters before an update, for its norm: into buffers kept between samples on models up to
-        :data:`KEEP_SNAPSHOT_ELEMENTS` (a fresh 3.2 MB copy of the 3x512 MLP cost 980 µs a sampled step, a copy
-        into kept buffers 441), a fresh copy above (a second model-sized buffer held for good is too much)."""
+    def _snapshot(self, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """The parameters that can move (``requires_grad``) and their values before an update, for its norm.
+
+        Frozen parameters do not move, and copying them is all the cost on a fine-tuned model (a LoRA adapter on
+        a frozen 7B model: a 14 GB copy for a few MB that move, the run's OOM). The copy goes into buffers kept
+        between samples up to :data:`KEEP_SNAPSHOT_ELEMENTS` (a fresh 3.2 MB copy of the 3x512 MLP cost 980 µs a
+        sampled step, a copy into kept buffers 441), a fresh one above (a second buffer of that size held for
+        good is too much), and only where it takes at most half of the device's spare memory (room.py): a full
+        fine-tune of a large model skips the samples its device has no room for.
+        """
+        moving = [p for p in params if p.requires_grad]
+        if not moving:
+            return None
         with torch.no_grad():
             kept = self._kept_snapshot
-            if kept is not None and kept[0] is params and kept[1][0].device == params[0].device:
-                torch._foreach_copy_(kept[1], params)
-                return kept[1]
-            copy = list(torch._foreach_mul(params, 1.0))
-            if sum(p.numel() for p in params) <= KEEP_SNAPSHOT_ELEMENTS:
-                self._kept_snapshot = (params, copy)
-            return copy
+            if (
+                kept is not None
+                and len(kept[0]) == len(moving)
+                and all(a is b for a, b in zip(kept[0], moving, strict=True))
+                and kept[1][0].device == moving[0].device
+            ):
+                torch._foreach_copy_(kept[1], moving)
+                return kept
+            if not room.has_room(moving):
+                return None  # this sample is not taken: a copy that could run the training out of memory
+            copy = list(torch._foreach_mul(moving, 1.0))
+            if sum(p.numel() for p in moving) <= KEEP_SNAPSHOT_ELEMENTS:
+                self._kept_snapshot = (moving, copy)
+            return moving, copy
 
     @staticmethod
-    def _update_norm(params: list[torch.Tensor], before: list[torch.Tensor]) -> Any:
+    def _update_norm(snapshot: tuple[list[torch.Tensor], list[torch.Tensor]]) -> Any:
+        moving, before = snapshot
         with torch.no_grad():
-            torch._foreach_sub_(before, params)  # in place: -(the update), whose norm is the update's
+            torch._foreach_sub_(before, moving)  # in place: -(the update), whose norm is the update's
             return total_norm(before)
 
     def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
@@ -249,7 +266,7 @@ class ModelHooks:
         before = self._before_update
         if before is not None:
             self._before_update = None
-            s.update_norm = defer_tensor(self._update_norm(self.params(), before))
+            s.update_norm = defer_tensor(self._update_norm(before))
 
     def at_step_open(self, s: StepState) -> None:
         """No optimizer: keep the weights the update norm compares with, on the steps that sample it."""
@@ -274,8 +291,8 @@ class ModelHooks:
             s.grad_norm = total_norm(grads)
         if (tracker.opt_steps - 1) % self.param_norm_every == 0:
             s.param_norm = defer_tensor(total_norm(params))
-        if before is not None and len(before) == len(params):
-            s.update_norm = defer_tensor(self._update_norm(params, before))
+        if before is not None:
+            s.update_norm = defer_tensor(self._update_norm(before))
 
     def after_forward(self, module: Any, args: Any, output: Any) -> None:
         if module is not self.model:
