@@ -23,6 +23,7 @@ from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.watch import Watch
 
 from ..helpers import records
+from .loops import train_step
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
 
@@ -565,13 +566,7 @@ def test_an_optimizer_whose_groups_have_no_lr_is_watched_and_its_lr_is_null(run_
     optimizer = SignSGD(model.parameters())
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
         for _ in range(30):
-            x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-            watch.step(x)
-            loss = nn.functional.cross_entropy(model(x), y)
-            watch.log(loss=loss)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            train_step(watch, model, optimizer)
     steps = _steps(watch)
     assert len(steps) == 30
     assert all(s["lr"] == [None] and s["opt_step"] == s["step"] + 1 for s in steps)
@@ -593,13 +588,7 @@ def test_an_lr_a_schedule_computed_with_numpy_is_read_by_the_rules(run_root: Pat
         for step in range(40):
             for group in optimizer.param_groups:  # a cosine from 0.1 to 0 over 20 steps, then 0
                 group["lr"] = 0.1 * (1 + np.cos(np.pi * min(step, 20) / 20)) / 2
-            x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-            watch.step(x)
-            loss = nn.functional.cross_entropy(model(x), y)
-            watch.log(loss=loss)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            train_step(watch, model, optimizer)
     steps = _steps(watch)
     assert steps[0]["lr"] == [0.1]
     assert steps[-1]["lr"] == [0.0]

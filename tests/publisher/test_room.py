@@ -13,6 +13,7 @@ from tuiwatch.publisher import room
 from tuiwatch.publisher.watch import Watch
 
 from ..helpers import records
+from .loops import train_step
 
 
 def test_a_copy_fits_when_it_takes_at_most_half_the_spare_memory_of_its_device():
@@ -38,13 +39,7 @@ def test_a_sample_without_room_is_not_taken_and_the_run_goes_on_without_a_false_
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, update_norm_every=1) as watch:
         for _ in range(40):
-            x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-            watch.step(x)
-            loss = nn.functional.cross_entropy(model(x), y)
-            watch.log(loss=loss)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            train_step(watch, model, optimizer)
     assert watch.ledger_path is not None
     steps = records(watch.ledger_path, "step")
     assert len(steps) == 40

@@ -1,0 +1,19 @@
+"""A step of the three-line integration, for tests that need a few steps of a small model and look elsewhere."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tuiwatch.publisher.watch import Watch
+
+
+def train_step(watch: Watch, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """One step of a 4-input, 2-class model on a random batch of 8."""
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    watch.step(x)
+    loss = nn.functional.cross_entropy(model(x), y)
+    watch.log(loss=loss)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
