@@ -505,3 +505,38 @@ def test_an_evaluation_on_the_training_set_is_no_step_and_a_batch_drawn_before_m
     assert [s["batch_ids"] for s in steps[1:]] == seen[1:]
     assert all(s["batch_shape"] == [[8, 5], [8]] and s.get("micro_batches") is None for s in steps[1:])
     assert steps[6]["data_wait_s"] is not None
+
+
+DRAWS_AFTER_ITS_LAST_STEP = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+loader = torch.utils.data.DataLoader(data, batch_size=8)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+x, y = next(iter(loader))  # mnist_forward_forward: its test batch, the model still in training mode
+print("accuracy", (model(x).argmax(1) == y).float().mean().item() >= 0)
+"""
+
+
+def test_a_batch_drawn_after_the_last_step_and_never_trained_on_is_no_step(
+    run_root: Path, socket_dir: Path, tmp_path: Path
+):
+    script = tmp_path / "draws_after.py"
+    script.write_text(DRAWS_AFTER_ITS_LAST_STEP)
+    done = run([*TUIWATCH, "--run-dir", str(run_root), str(script)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "accuracy True\n"
+    ledger = ledger_file(run_root)
+    steps = records(ledger, "step")
+    assert [s["step"] for s in steps] == list(range(8))  # the 8 optimizer steps, and no 9th without a loss
+    assert all(s["loss"] is not None and s["opt_step"] == s["step"] + 1 for s in steps)
+    end = records(ledger, "end")[-1]
+    assert (end["reason"], end["steps"]) == ("finished", 8)

@@ -160,6 +160,16 @@ class ScriptWatch:
         while self._undo:
             self._undo.pop()()
 
+    def close(self, watch: Watch, reason: str) -> None:
+        """End the run. At a normal end, an open step that no optimizer step closed and that backpropagated
+        nothing is no step: a batch the script drew in training mode after its last step (pytorch/examples'
+        mnist_forward_forward draws its test batch so) would be a last step with no loss and its evaluation as
+        compute. A run that fails keeps it: that is the step it failed in."""
+        s = watch._tracker.cur
+        if reason == "finished" and s is not None and s.opt_step is None and self.loss.total is None:
+            watch._tracker.discard()
+        watch.close(reason)
+
     # --- the optimizer: the Watch's start, and each step's end ------------------------
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
@@ -390,7 +400,7 @@ def run_script(
     finally:
         hooks.remove()
         if hooks.watch is not None:
-            hooks.watch.close(reason)
+            hooks.close(hooks.watch, reason)
         elif status != 0:
             # A script that failed before training (a bad argument, a missing file): its own error says why;
             # the advice below would send its user to the three lines for nothing.

@@ -147,6 +147,13 @@ class StepTracker:
                 s.scale = defer(scale)
         self.pipeline.put(s)
 
+    def discard(self) -> None:
+        """Forget the open step, the last one opened, as if it never was (``tuiwatch run``'s trailing batch that no
+        optimizer step used)."""
+        if self.cur is not None:
+            self.cur = None
+            self.step -= 1
+
     def last_step_number(self) -> int | None:
         """The step the run is at for a command's reply: the last one opened."""
         return self.step - 1 if self.step else None
