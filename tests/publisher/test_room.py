@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from tuiwatch.publisher import room
+from tuiwatch.publisher.hooks import ModelHooks
 from tuiwatch.publisher.watch import Watch
 
 from ..helpers import records
@@ -46,3 +47,20 @@ def test_a_sample_without_room_is_not_taken_and_the_run_goes_on_without_a_false_
     assert all(s["update_norm"] is None for s in steps)
     assert [s["opt_step"] for s in steps if s["param_norm"] is not None] == [1, 11, 21, 31]
     assert [a["rule"] for a in records(watch.ledger_path, "alert")] == []
+
+
+def test_a_copy_whose_allocation_fails_all_the_same_skips_the_sample_and_never_raises(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # Spare memory can be too fragmented for one large block: the allocation then fails inside the optimizer's
+    # pre-hook, which would raise out of the user's optimizer.step().
+    monkeypatch.setattr(room, "SHARE", 1e9)  # the check lets any copy through
+    huge = torch.zeros(1).expand(10**13).requires_grad_()  # 40 TB of float32 to copy, none held
+    hooks = ModelHooks.__new__(ModelHooks)
+    hooks._kept_snapshot = None
+    assert hooks._snapshot([huge]) is None
+    small = nn.Parameter(torch.ones(3))
+    taken = hooks._snapshot([small, nn.Parameter(torch.ones(2), requires_grad=False)])
+    assert taken is not None
+    assert taken[0] == [small]  # only what can move
+    assert torch.equal(taken[1][0], torch.ones(3))

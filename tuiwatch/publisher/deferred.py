@@ -128,7 +128,7 @@ def resolve(value: Any) -> Any:
     if isinstance(value, list):
         return [resolve(v) for v in value]
     kind: type = type(value)
-    if kind is not int and kind is not bool and isinstance(value, numbers.Real):
+    if kind is not float and kind is not int and kind is not bool and isinstance(value, numbers.Real):
         # numpy's (an lr a hand-written schedule computed with np.cos): the rules read numbers by their type.
         return int(value) if isinstance(value, numbers.Integral) else float(value)
     return value

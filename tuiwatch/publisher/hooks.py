@@ -196,7 +196,10 @@ class ModelHooks:
                 return kept
             if not room.has_room(moving):
                 return None  # this sample is not taken: a copy that could run the training out of memory
-            copy = list(torch._foreach_mul(moving, 1.0))
+            try:
+                copy = list(torch._foreach_mul(moving, 1.0))
+            except Exception:  # an allocation that failed all the same (fragmented memory): not out of the user's step
+                return None
             if sum(p.numel() for p in moving) <= KEEP_SNAPSHOT_ELEMENTS:
                 self._kept_snapshot = (moving, copy)
             return moving, copy
