@@ -457,14 +457,15 @@ torch.manual_seed(0)
 x = torch.cat([torch.arange(96.0)[:, None], torch.randn(96, 4)], 1)  # each row starts with its index
 data = torch.utils.data.TensorDataset(x, torch.randint(0, 2, (96,)))
 loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
-model = nn.Linear(5, 2)
+wrapped = sys.argv[2] == "wrapped"
+model = nn.DataParallel(nn.Linear(5, 2)) if wrapped else nn.Linear(5, 2)  # (on the CPU it calls its module)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
 def evaluate(batches):
     model.eval()
     with torch.no_grad():
         for inputs, _ in batches:
-            model(inputs)
+            (model.module if wrapped else model)(inputs)  # a wrapped model evaluated through what it wraps
     model.train()
 
 seen = []
@@ -487,8 +488,9 @@ json.dump(seen, open(sys.argv[1], "w"))
 """
 
 
+@pytest.mark.parametrize("model", ["plain", "wrapped"])
 def test_an_evaluation_on_the_training_set_is_no_step_and_a_batch_drawn_before_model_train_is_one(
-    run_root: Path, socket_dir: Path, tmp_path: Path
+    run_root: Path, socket_dir: Path, tmp_path: Path, model: str
 ):
     # minGPT's adder scores its model on its training set (a new DataLoader, eval mode, no_grad) every 500 steps:
     # those 95 batches were taken for the next step's (4,096 ids, the evaluation in its compute time), because a
@@ -496,7 +498,7 @@ def test_an_evaluation_on_the_training_set_is_no_step_and_a_batch_drawn_before_m
     # step's batches before model.train()). The model's next forward now tells the two apart.
     script, truth = tmp_path / "evaluates_on_train.py", tmp_path / "seen.json"
     script.write_text(EVALUATES_ON_ITS_TRAINING_SET)
-    done = run([*TUIWATCH, "--run-dir", str(run_root), str(script), str(truth)], socket_dir)
+    done = run([*TUIWATCH, "--run-dir", str(run_root), str(script), str(truth), model], socket_dir)
     assert done.returncode == 0, done.stderr
     steps = records(ledger_file(run_root), "step")
     seen = json.loads(truth.read_text())

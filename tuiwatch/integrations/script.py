@@ -139,7 +139,7 @@ class ScriptWatch:
         self._trained_on: weakref.WeakSet[Any] = weakref.WeakSet()
         self._step_dataset: Any = None
         self._held: list[tuple[Any, Any, list[int] | None, float, bool]] = []  # (dataset, batch, ids, wait, first)
-        self._held_hook: Any = None
+        self._held_hooks: list[Any] = []
         self._steps_ended = 0
         self._forward_hook: Any = None
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
@@ -340,11 +340,18 @@ class ScriptWatch:
 
     def _hold(self, watch: Watch, drawn: tuple[Any, Any, list[int] | None, float, bool]) -> None:
         self._held.append(drawn)
-        if self._held_hook is None:
-            # Before any other pre-hook (the one that opens a step at a training forward): these batches open it.
-            self._held_hook = watch.model.register_forward_pre_hook(
-                ForwardHook(self._forward_after_held), with_kwargs=True, prepend=True
-            )
+        if not self._held_hooks:
+            # On the model and the module a wrapper holds (DDP's and DataParallel's .module, torch.compile's
+            # _orig_mod): a script evaluates through either. Before any other pre-hook (the one that opens a step at
+            # a training forward): these batches open it.
+            model = watch.model
+            inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+            for target in (model, inner) if isinstance(inner, torch.nn.Module) else (model,):
+                self._held_hooks.append(
+                    target.register_forward_pre_hook(
+                        ForwardHook(self._forward_after_held), with_kwargs=True, prepend=True
+                    )
+                )
 
     def _forward_after_held(self, module: Any, args: Any, kwargs: Any) -> None:
         """The model's first forward since batches were held: in training mode, they were a step's."""
@@ -355,9 +362,8 @@ class ScriptWatch:
                 self._open(*drawn)
 
     def _drop_held(self) -> None:
-        if self._held_hook is not None:
-            self._held_hook.remove()
-            self._held_hook = None
+        while self._held_hooks:
+            self._held_hooks.pop().remove()
         self._held = []
 
     def _trains_on(self, dataset: Any) -> bool:
