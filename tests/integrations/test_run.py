@@ -449,7 +449,7 @@ def test_an_adapter_that_draws_one_batch_ahead_gives_each_step_the_batch_it_trai
 
 
 EVALUATES_ON_ITS_TRAINING_SET = """
-import json, sys
+import json, pickle, sys
 import torch
 from torch import nn
 
@@ -465,6 +465,8 @@ def evaluate(batches):
     model.eval()
     with torch.no_grad():
         for inputs, _ in batches:
+            # A save or an EMA copy while a batch is held: nothing of tuiwatch in it.
+            assert b"tuiwatch" not in pickle.dumps(model) + pickle.dumps(getattr(model, "module", model))
             (model.module if wrapped else model)(inputs)  # a wrapped model evaluated through what it wraps
     model.train()
 

@@ -53,9 +53,9 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from tuiwatch.errors import NonFiniteError, StopRequested
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
-from tuiwatch.publisher import process
+from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
-from tuiwatch.publisher.hooks import ForwardHook
+from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
 from tuiwatch.publisher.watch import Watch
 
@@ -139,7 +139,7 @@ class ScriptWatch:
         self._trained_on: weakref.WeakSet[Any] = weakref.WeakSet()
         self._step_dataset: Any = None
         self._held: list[tuple[Any, Any, list[int] | None, float, bool]] = []  # (dataset, batch, ids, wait, first)
-        self._held_hooks: list[Any] = []
+        self._held_hooks: list[tuple[Any, type]] = []  # (handle, the module class whose copies leave it out)
         self._steps_ended = 0
         self._forward_hook: Any = None
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
@@ -347,11 +347,11 @@ class ScriptWatch:
             model = watch.model
             inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
             for target in (model, inner) if isinstance(inner, torch.nn.Module) else (model,):
-                self._held_hooks.append(
-                    target.register_forward_pre_hook(
-                        ForwardHook(self._forward_after_held), with_kwargs=True, prepend=True
-                    )
-                )
+                hook = ForwardHook(self._forward_after_held)
+                handle = target.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+                # Left out of copies meanwhile (an EMA copy made while evaluating), as the Watch's own hook is.
+                pickling.hide_hooks(type(target), is_forward_hook)
+                self._held_hooks.append((handle, type(target)))
 
     def _forward_after_held(self, module: Any, args: Any, kwargs: Any) -> None:
         """The model's first forward since batches were held: in training mode, they were a step's."""
@@ -363,7 +363,9 @@ class ScriptWatch:
 
     def _drop_held(self) -> None:
         while self._held_hooks:
-            self._held_hooks.pop().remove()
+            handle, cls = self._held_hooks.pop()
+            handle.remove()
+            pickling.show_hooks(cls)
         self._held = []
 
     def _trains_on(self, dataset: Any) -> bool:

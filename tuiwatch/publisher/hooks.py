@@ -88,7 +88,7 @@ class ForwardHook:
         return (ForwardHook, ())
 
 
-def _is_forward_hook(hook: Any) -> bool:
+def is_forward_hook(hook: Any) -> bool:
     return isinstance(hook, ForwardHook)
 
 
@@ -130,7 +130,7 @@ class ModelHooks:
             self.tracker.on_end = self.at_step_end
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
         self._handles.append(self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True))
-        pickling.hide_hooks(type(self.model), _is_forward_hook)
+        pickling.hide_hooks(type(self.model), is_forward_hook)
         watch_clipping(self)
 
     def remove(self) -> None:
