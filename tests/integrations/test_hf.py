@@ -132,25 +132,35 @@ model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_l
 args = TrainingArguments(output_dir=sys.argv[1], max_steps=12, per_device_train_batch_size=8,
                          gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=6, report_to=[],
                          use_cpu=True, save_strategy="no", logging_steps=6, disable_tqdm=True)
-trainer = Recording(model=model, args=args, train_dataset=Tokens(64, 0), eval_dataset=Tokens(32, 1))
+train = Tokens(64, 0)
+evaluated = train if sys.argv[3] == "train" else Tokens(32, 1)  # some evaluate on the training set itself
+trainer = Recording(model=model, args=args, train_dataset=train, eval_dataset=evaluated)
 trainer.train()
 norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
 json.dump({"norms": norms, "seen": Recording.seen}, open(sys.argv[2], "w"))
 """
 
 
+@pytest.mark.parametrize("evaluated", ["eval", "train"])
 def test_an_unedited_trainer_script_under_run_records_the_batches_each_step_trained_on(
-    tmp_path: Path, socket_dir: Path
+    tmp_path: Path, socket_dir: Path, evaluated: str
 ):
     """Two things stood between a step and its batches. Accelerate's loader draws one ahead of what it hands the
     Trainer, so each step was given the batches drawn during it (one later than those it trained on; at an epoch's
     end 1, then 3). And the Trainer draws the batches after an evaluation before it calls model.train() again:
-    drawn in eval mode, they read as validation's, and that step had none and took the evaluation in."""
+    drawn in eval mode, they read as validation's, and that step had none and took the evaluation in. Taken for
+    training's because they come from the training set, an evaluation on the training set itself went into the
+    step after it (10 micro-batches) and made a 13th step of the last one: held until the next forward, they
+    are told apart."""
     script, logged = tmp_path / "trainer_script.py", tmp_path / "logged.json"
     script.write_text(TRAINER_UNDER_RUN)
     cmd = [sys.executable, "-m", "tuiwatch", "run", "--run-dir", str(tmp_path / "runs"), str(script)]
     done = subprocess.run(
-        [*cmd, str(tmp_path / "out"), str(logged)], env=env_for(socket_dir), capture_output=True, text=True, timeout=180
+        [*cmd, str(tmp_path / "out"), str(logged), evaluated],
+        env=env_for(socket_dir),
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     steps = records(ledger_file(tmp_path / "runs"), "step")
