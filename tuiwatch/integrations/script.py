@@ -160,11 +160,14 @@ class ScriptWatch:
         while self._undo:
             self._undo.pop()()
 
-    def close(self, watch: Watch, reason: str) -> None:
+    def close(self, reason: str) -> None:
         """End the run. At a normal end, an open step that no optimizer step closed and that backpropagated
         nothing is no step: a batch the script drew in training mode after its last step (pytorch/examples'
         mnist_forward_forward draws its test batch so) would be a last step with no loss and its evaluation as
         compute. A run that fails keeps it: that is the step it failed in."""
+        watch = self.watch
+        if watch is None:
+            return
         s = watch._tracker.cur
         if reason == "finished" and s is not None and s.opt_step is None and self.loss.total is None:
             watch._tracker.discard()
@@ -325,7 +328,8 @@ class ScriptWatch:
             if watch is not None and self._trains_on(dataset):
                 self._hold(watch, (dataset, batch, ids, wait, first))
             return  # validation's, or held until the next forward tells
-        self._drop_held()  # batches drawn for an evaluation on the training set: no forward in training mode came
+        if self._held:  # batches drawn for an evaluation on the training set: no forward in training mode came
+            self._drop_held()
         self._open(dataset, batch, ids, wait, first)
 
     def _open(self, dataset: Any, batch: Any, ids: list[int] | None, wait: float, first: bool) -> None:
@@ -345,7 +349,9 @@ class ScriptWatch:
             # _orig_mod): a script evaluates through either. Before any other pre-hook (the one that opens a step at
             # a training forward): these batches open it.
             model = watch.model
-            inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+            inner = getattr(model, "module", None)
+            if not isinstance(inner, torch.nn.Module):
+                inner = getattr(model, "_orig_mod", None)
             for target in (model, inner) if isinstance(inner, torch.nn.Module) else (model,):
                 hook = ForwardHook(self._forward_after_held)
                 handle = target.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
@@ -408,7 +414,7 @@ def run_script(
     finally:
         hooks.remove()
         if hooks.watch is not None:
-            hooks.close(hooks.watch, reason)
+            hooks.close(reason)
         elif status != 0:
             # A script that failed before training (a bad argument, a missing file): its own error says why;
             # the advice below would send its user to the three lines for nothing.

@@ -26,15 +26,13 @@ def spare_bytes(device: torch.device) -> int | None:
     return None
 
 
-def has_room(tensors: Iterable[torch.Tensor], share: float | None = None) -> bool:
-    """Whether a copy of ``tensors`` takes at most ``share`` (:data:`SHARE`) of the spare memory of each device
-    they are on."""
-    share = SHARE if share is None else share
+def has_room(tensors: Iterable[torch.Tensor]) -> bool:
+    """Whether a copy of ``tensors`` takes at most :data:`SHARE` of the spare memory of each device they are on."""
     need: dict[torch.device, int] = {}
     for t in tensors:
         need[t.device] = need.get(t.device, 0) + t.numel() * t.element_size()
     for device, size in need.items():
         spare = spare_bytes(device)
-        if spare is not None and size > share * spare:
+        if spare is not None and size > SHARE * spare:
             return False
     return True
