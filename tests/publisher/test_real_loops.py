@@ -368,6 +368,38 @@ def test_validation_judges_the_mode_of_the_forwards_not_of_the_log(run_root: Pat
     assert [a["step"] for a in fired] == [5]
 
 
+def test_a_block_that_logs_an_evaluation_made_before_it_is_judged_by_that_evaluations_forwards(run_root: Path):
+    """The README's loop: an evaluation function returns its numbers (Lightning's Fabric language-model example
+    restores model.train() before returning, as nanoGPT's estimate_loss does), and the block only logs them. Judged
+    by the mode at the log, every such block raised eval-mode on a healthy run."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.1), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for step in range(6):
+            watch.step()
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step in (1, 3):
+                val = _estimate_loss(model, x, y)
+                with watch.validation():
+                    watch.log(val_loss=val)
+            if step == 5:  # the bug eval-mode exists for: the evaluation's forwards in train mode
+                with torch.no_grad():
+                    val = nn.functional.cross_entropy(model(x), y)
+                with watch.validation():
+                    watch.log(val_loss=val)
+    assert watch.ledger_path is not None
+    evals = [r for r in records(watch.ledger_path) if r["kind"] == "eval"]
+    assert [(r["step"], r["training"]) for r in evals] == [(1, False), (3, False), (5, True)]
+    fired = [a for a in _alerts(watch) if a["rule"] == "eval-mode" and a["severity"] != "info"]
+    assert [a["step"] for a in fired] == [5]
+
+
 def test_gradscaler_skips_are_info_with_the_scale_change_and_no_dump(run_root: Path):
     torch.manual_seed(0)
     model = nn.Linear(8, 2)

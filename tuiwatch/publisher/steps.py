@@ -40,6 +40,10 @@ class StepTracker:
         self.batch_index = 0  # batches drawn in the current epoch: the data position of a checkpoint
         self.cur: StepState | None = None
         self.eval: EvalState | None = None
+        # The model's mode at its last forward: a validation block without a forward of its own logs numbers
+        # computed before it, and an evaluation that put the model back in train() before returning them ran in
+        # eval mode all the same.
+        self.forward_training: bool | None = None
         self.last_boundary = time.perf_counter()
         self.last_batch: KeptBatch | None = None  # what a dump on request saves
         self.recent = RecentBatches()

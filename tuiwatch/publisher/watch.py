@@ -343,7 +343,7 @@ class Watch:
             target = tracker.eval
             if not target.forwards:
                 # No forward of the model ran inside the block yet: judge its mode now.
-                target.training = bool(target.training) or self.model.training
+                target.training = bool(target.training) or self._mode_without_forward()
         else:
             target = tracker.current()
         if epoch is not None:
@@ -375,10 +375,19 @@ class Watch:
             if tracker.cur is not None:
                 set_aside(tracker.cur, entered, time.perf_counter())  # evaluating is not the step's compute
             if state.training is None:
-                state.training = self.model.training  # neither a forward nor a log inside the block
+                state.training = self._mode_without_forward()  # neither a forward nor a log inside the block
             state.t_end = time.time()
             if state.metrics and not tracker.off:
                 self._pipeline.put(state)
+
+    def _mode_without_forward(self) -> bool:
+        """Whether a validation block in which the model ran no forward evaluated in training mode.
+
+        Its numbers were computed before it: by the model's last forward when that ran in eval mode (an
+        evaluation that restored ``model.train()`` before returning, then logged, as the README's loop does),
+        else judged by the model's mode now (a forgotten ``model.eval()``, an evaluation of a copy).
+        """
+        return self.model.training and self._tracker.forward_training is not False
 
     @property
     def should_stop(self) -> bool:
