@@ -1,4 +1,5 @@
-"""The loop's own torch.nn.utils.clip_grad_norm_ gives the step its pre-clip norm, and nothing else changes.
+"""The loop's own torch.nn.utils.clip_grad_norm_ gives the step its pre-clip norm, and nothing else changes; a
+clip by value (clip_grad_value_) leaves it the norm measured before it.
 
 ``grad_norm`` is the norm before clipping (SPEC §3); a loop that clipped with
 torch's function used to record the norm after it, measured in the optimizer's
@@ -17,6 +18,7 @@ from torch import nn
 import tuiwatch
 
 ORIGINAL = torch.nn.utils.clip_grad_norm_
+ORIGINAL_VALUE = torch.nn.utils.clip_grad_value_
 
 
 def steps_of(watch: tuiwatch.Watch) -> list[dict[str, object]]:
@@ -94,3 +96,53 @@ def test_a_reference_kept_past_the_watch_and_a_wrapper_over_ours_still_clip(run_
     with tuiwatch.Watch(model, run_dir=run_root, system=False, quiet=True):  # theirs gone: wrapped again
         assert torch.nn.utils.clip_grad_norm_ is not ORIGINAL
     assert torch.nn.utils.clip_grad_norm_ is ORIGINAL
+
+
+def test_a_clip_by_value_leaves_the_step_the_norm_from_before_it(run_root: Path):
+    """clip_grad_value_ computes no norm: measured after it (at the optimizer step), a gradient of 50 per element
+    clipped to 0.25 read as a calm norm of 0.25·√n."""
+    torch.manual_seed(0)
+    model, other = nn.Linear(4, 2), nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    before, after = [], []
+    with tuiwatch.Watch(model, opt, run_dir=run_root, system=False, quiet=True) as watch:
+        assert torch.nn.utils.clip_grad_value_ is not ORIGINAL_VALUE
+        for x in watch.batches([torch.randn(8, 4) * 50 for _ in range(3)]):
+            (model(x).pow(2).mean() + other(x).pow(2).mean()).backward()
+            torch.nn.utils.clip_grad_value_(other.parameters(), 0.1)  # not the watched model's: no norm of ours
+            grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+            before.append(float(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]))))
+            torch.nn.utils.clip_grad_value_((p for p in model.parameters()), 0.25)  # a generator: read once
+            clipped = [p.grad for p in model.parameters() if p.grad is not None]
+            assert all(torch.equal(c, g.clamp(-0.25, 0.25)) for c, g in zip(clipped, grads, strict=True))  # torch's
+            after.append(float(torch.linalg.vector_norm(torch.cat([c.flatten() for c in clipped]))))
+            opt.step()
+            opt.zero_grad()
+            other.zero_grad()
+    assert torch.nn.utils.clip_grad_value_ is ORIGINAL_VALUE
+    steps = steps_of(watch)
+    assert [s["grad_norm"] for s in steps] == pytest.approx(before, rel=1e-6)
+    assert all(a < b / 10 for a, b in zip(after, before, strict=True))  # what the step used to record
+    assert [s["grad_norm_clipped"] for s in steps] == [None] * 3  # no norm bound was set
+
+
+def test_fabrics_clip_by_value_in_its_language_model_example(run_root: Path):
+    """Lightning's Fabric example (examples/fabric/language_model) clips with ``fabric.clip_gradients(model,
+    optimizer, clip_val=0.25)``, which calls torch's clip_grad_value_."""
+    L = pytest.importorskip("lightning")
+    torch.manual_seed(0)
+    fabric = L.Fabric(accelerator="cpu", devices=1)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = fabric.setup(model, optimizer)
+    norms = []
+    with tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for x in watch.batches([torch.randn(8, 4) * 30 for _ in range(3)]):
+            loss = nn.functional.cross_entropy(model(x), torch.zeros(8, dtype=torch.long))
+            watch.log(loss=loss)
+            fabric.backward(loss)
+            norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])))
+            fabric.clip_gradients(model, optimizer, clip_val=0.25)
+            optimizer.step()
+            optimizer.zero_grad()
+    assert [s["grad_norm"] for s in steps_of(watch)] == pytest.approx(norms, rel=1e-6)

@@ -9,9 +9,14 @@ While a Watch is open, ``torch.nn.utils.clip_grad_norm_`` and
 apart, as Accelerate's is) are wrapped: the norm torch computed before it
 clipped is the step's grad norm, and ``grad_norm_clipped`` follows from
 ``max_norm``. Nothing is computed
-twice. Only a call over the watched model's parameters, with the 2-norm,
-counts; anything the wrapper does itself is guarded, so the loop always gets
-torch's answer or torch's exception. A loop that imported the function
+twice. ``clip_grad_value_`` (Lightning's ``gradient_clip_algorithm="value"``,
+``fabric.clip_gradients(clip_val=...)``, Accelerate's) computes no norm: the
+Watch measures the one it would have measured at the optimizer step just
+before the clip instead, so it is still the norm before clipping (its
+``grad_norm_clipped`` stays null: no norm bound was set). Only a call over the
+watched model's parameters, with the 2-norm, counts; anything the wrapper does
+itself is guarded, so the loop always gets torch's answer or torch's
+exception. A loop that imported the function
 before the Watch started (``from torch.nn.utils import clip_grad_norm_``)
 calls the original: then ``grad_norm`` is after clipping, as documented.
 """
@@ -62,9 +67,19 @@ def _clip_grads_with_norm_(parameters: Any, max_norm: float, total_norm: Any, *a
     return result
 
 
+def _clip_grad_value_(parameters: Any, clip_value: float, *args: Any, **kwargs: Any) -> Any:
+    params = parameters if isinstance(parameters, torch.Tensor) else list(parameters)
+    with contextlib.suppress(Exception):  # the loop's clip runs whatever happens here
+        listed = [params] if isinstance(params, torch.Tensor) else params
+        for hooks in list(_recorders):
+            hooks.before_value_clip(listed)
+    return _originals["clip_grad_value_"](params, clip_value, *args, **kwargs)
+
+
 _WRAPPERS: dict[str, Callable[..., Any]] = {
     "clip_grad_norm_": _clip_grad_norm_,
     "clip_grads_with_norm_": _clip_grads_with_norm_,
+    "clip_grad_value_": _clip_grad_value_,
 }
 
 

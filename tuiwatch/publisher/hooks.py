@@ -88,6 +88,18 @@ class ForwardHook:
         return (ForwardHook, ())
 
 
+def _holds_any(params: list[Any], mine: list[torch.Tensor]) -> bool:
+    """Whether a clip's ``params`` include any of the watched model's, not another model's (a GAN's other half,
+    an EMA copy)."""
+    if not mine:
+        return False
+    first = mine[0]
+    if any(p is first for p in params):  # usually found at once: the clip's first parameter is ours
+        return True
+    given = {id(p) for p in params}  # our first one is frozen, say: any of ours
+    return any(id(p) in given for p in mine)
+
+
 def is_forward_hook(hook: Any) -> bool:
     return isinstance(hook, ForwardHook)
 
@@ -158,18 +170,23 @@ class ModelHooks:
 
     def clipped(self, params: list[Any], norm: torch.Tensor, max_norm: float) -> None:
         """The loop clipped with torch's ``clip_grad_norm_`` (clipping.py): its norm is the step's pre-clip one."""
-        tracker = self.tracker
         mine = self.params()
-        if tracker.off or not mine:
+        if self.tracker.off or not _holds_any(params, mine):
             return
-        first = mine[0]
-        if not any(p is first for p in params):  # usually found at once: the clip's first parameter is ours
-            given = {id(p) for p in params}  # our first one is frozen, say: any of ours
-            if not any(id(p) in given for p in mine):
-                return  # another model's parameters (a GAN's other half, an EMA copy)
-        s = tracker.current()
+        s = self.tracker.current()
         s.grad_norm = norm
         s.clip_max_norm = max_norm
+
+    def before_value_clip(self, params: list[Any]) -> None:
+        """The loop is about to clip each gradient to a value (``clip_grad_value_``, clipping.py): the norm the
+        optimizer's pre-hook would read after it is read now, before it (an exploding gradient clipped to 0.25
+        per element read as a calm norm of ~0.25·√n)."""
+        mine = self.params()
+        if self.tracker.off or not _holds_any(params, mine):
+            return
+        s = self.tracker.current()
+        if s.grad_norm is None and (s.measured or self.checking):
+            s.grad_norm = gradient_norm([p.grad for p in mine if p.grad is not None])
 
     def _snapshot(self, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
         """The parameters that can move (``requires_grad``) and their values before an update, for its norm.
