@@ -83,9 +83,19 @@ def _recordable(loader: Any) -> bool:
     )
 
 
+def _adapted(loader: Any) -> Any:
+    """The DataLoader an adapter hands on batch for batch, in order: Accelerate's prepared loader
+    (``DataLoaderShard``, ``base_dataloader``) or Lightning Fabric's (``_FabricDataLoader``, which only moves each
+    batch to the device). Known classes only: ids paired with the wrong batches are worse than none."""
+    base = getattr(loader, "base_dataloader", None)
+    if base is None and type(loader).__name__ == "_FabricDataLoader":
+        base = getattr(loader, "_dataloader", None)
+    return base
+
+
 def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
     """``iter(loader)`` and, for a map-style DataLoader that yields in order, its id recorder."""
-    base = getattr(loader, "base_dataloader", None)
+    base = _adapted(loader)
     if base is not None and _recordable(base) and not getattr(loader, "skip_batches", 0):
         return _adapter_with_ids(loader, base)
     if not _recordable(loader):
@@ -108,9 +118,9 @@ def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
 
 
 def _adapter_with_ids(adapter: Any, base: Any) -> tuple[Iterator[Any], IndexRecorder]:
-    """Accelerate's prepared loader (``DataLoaderShard``) builds its DataLoader's iterator at its first batch,
-    not in ``iter()``, and fetches one batch ahead: the recorder stays in the DataLoader for the whole
-    epoch, and the ids still come out oldest first."""
+    """An adapter builds its DataLoader's iterator at its first batch, not in ``iter()`` (both are generators),
+    and Accelerate's fetches one batch ahead: the recorder stays in the DataLoader for the whole epoch, and the
+    ids still come out oldest first."""
     attr = "batch_sampler" if base._auto_collation else "sampler"
     current = getattr(base, attr)
     original = current.sampler if isinstance(current, IndexRecorder) else current  # an epoch left unfinished
