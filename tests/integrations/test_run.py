@@ -544,3 +544,70 @@ def test_a_batch_drawn_after_the_last_step_and_never_trained_on_is_no_step(
     assert all(s["loss"] is not None and s["opt_step"] == s["step"] + 1 for s in steps)
     end = records(ledger, "end")[-1]
     assert (end["reason"], end["steps"]) == ("finished", 8)
+
+
+ENGINE_STYLE = """
+import json
+import sys
+
+import torch
+from torch import nn
+
+# pytorch-ignite's Engine as create_supervised_trainer and create_supervised_evaluator use it: the engine draws a
+# batch, then calls its process function, which sets the model's mode (the evaluator's: model.eval(), no_grad).
+def run(process, loader):
+    for batch in loader:
+        process(batch)
+
+torch.manual_seed(0)
+x = torch.randn(96, 4)
+x[:, 0] = torch.arange(96)  # a sample's input says which it is
+data = torch.utils.data.TensorDataset(x, (x[:, 1] > 0).long())
+train, val = torch.utils.data.random_split(data, [64, 32], generator=torch.Generator().manual_seed(0))
+position = {index: i for i, index in enumerate(train.indices)}  # ids are indices into the loader's dataset
+train_loader = torch.utils.data.DataLoader(train, batch_size=8, shuffle=True)
+val_loader = torch.utils.data.DataLoader(val, batch_size=32 if sys.argv[2] == "one-val-batch" else 8)
+model = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.1), nn.Linear(16, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+seen = []
+
+def train_step(batch):
+    model.train()
+    opt.zero_grad()
+    inputs, labels = batch
+    seen.append([position[int(i)] for i in inputs[:, 0]])
+    nn.functional.cross_entropy(model(inputs), labels).backward()
+    opt.step()
+
+def evaluate_step(batch):
+    model.eval()
+    with torch.no_grad():
+        model(batch[0])
+
+for epoch in range(3):
+    run(train_step, train_loader)
+    if sys.argv[2] == "train-and-val":  # ignite's mnist example scores the training set too
+        run(evaluate_step, train_loader)
+    run(evaluate_step, val_loader)
+json.dump(seen, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("evaluates", ["val", "one-val-batch", "train-and-val"])
+def test_an_evaluator_that_draws_its_first_batch_before_model_eval_makes_no_step(
+    run_root: Path, socket_dir: Path, tmp_path: Path, evaluates: str
+):
+    # pytorch-ignite's evaluator draws a batch before its step calls model.eval(): drawn in training mode, the first
+    # batch of every evaluation opened a step, the next epoch's first batch folded into it (two micro-batches, the
+    # evaluation in its compute time), and each evaluation of the training set began an epoch (0, 2, 4).
+    script, truth = tmp_path / "engine_style.py", tmp_path / "seen.json"
+    script.write_text(ENGINE_STYLE)
+    done = run([*TUIWATCH, "--run-dir", str(run_root), str(script), str(truth), evaluates], socket_dir)
+    assert done.returncode == 0, done.stderr
+    steps = records(ledger_file(run_root), "step")
+    seen = json.loads(truth.read_text())
+    assert [s["step"] for s in steps] == list(range(24))
+    assert [s["epoch"] for s in steps] == [0] * 8 + [1] * 8 + [2] * 8
+    # Step 0's batch was drawn before the first optimizer step made the Watch; every other step has its own.
+    assert [s["batch_ids"] for s in steps[1:]] == seen[1:]
+    assert all(s.get("micro_batches") is None and s["opt_step"] == s["step"] + 1 for s in steps)

@@ -59,3 +59,19 @@ def test_a_fast_loop_spike_dump_still_holds_its_batch_with_a_short_ring_and_a_lo
     assert dump.batch is not None
     assert dump.batch[0].abs().max() > 100
     assert torch.equal(dump.batch[0], x[3200:3264])
+
+
+def test_an_undone_step_leaves_its_number_to_the_next_and_no_batch_under_it(run_root: Path):
+    # tuiwatch run undoes a step an evaluator's first batch opened: a dump of that number must find the batch of
+    # the step that then took the number, not the evaluator's (the ring is searched oldest first).
+    with tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, system=False, quiet=True) as watch:
+        tracker = watch._tracker
+        evaluated, trained = torch.zeros(4, 2), torch.ones(4, 2)
+        watch.step(evaluated)
+        tracker.discard()
+        assert (tracker.step, tracker.last_batch) == (0, None)
+        watch.step(trained)
+        kept = tracker.recent.find(0)
+        assert kept is not None
+        assert kept.batch is trained
+        assert len(tracker.recent._kept) == 1

@@ -119,6 +119,17 @@ class _Ahead:
         return self.drawn == self.skip + 1
 
 
+class _Opened:
+    """A step a batch drawn in training mode opened, until the optimizer steps."""
+
+    __slots__ = ("epoch", "first", "training_forwards")
+
+    def __init__(self, epoch: int, first: bool, training_forwards: int):
+        self.epoch = epoch  # the tracker's epoch before it: what undoing the step puts back
+        self.first = first  # it began an epoch
+        self.training_forwards = training_forwards  # the model's forwards in training mode so far
+
+
 class ScriptWatch:
     """The hooks and patches of ``tuiwatch run``, and the Watch they make at the first optimizer step."""
 
@@ -140,6 +151,10 @@ class ScriptWatch:
         self._step_dataset: Any = None
         self._held: list[tuple[Any, Any, list[int] | None, float, bool]] = []  # (dataset, batch, ids, wait, first)
         self._held_hooks: list[tuple[Any, type]] = []  # (handle, the module class whose copies leave it out)
+        # An evaluator may draw its first batch before it calls model.eval() (ignite's create_supervised_evaluator
+        # does): drawn in training mode, it opens a step. If the model then runs forwards in eval mode only until
+        # the next batch comes, that batch was the evaluation's, and its step is undone.
+        self._opened: _Opened | None = None
         self._steps_ended = 0
         self._forward_hook: Any = None
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
@@ -244,6 +259,7 @@ class ScriptWatch:
         loss = self.loss.take()
         if loss is not None:
             watch.log(loss=loss)
+        self._opened = None  # an optimizer step: its batches were training's
         self._steps_ended += 1
         if not self._step_opened and self._steps_ended > 1 and self._forward_hook is None:
             self._open_steps_at_forwards(watch)
@@ -333,14 +349,42 @@ class ScriptWatch:
         self._open(dataset, batch, ids, wait, first)
 
     def _open(self, dataset: Any, batch: Any, ids: list[int] | None, wait: float, first: bool) -> None:
-        self.epochs += first  # an epoch's first batch (a persistent iterator's too)
+        """A step for ``batch``, or one more micro-batch of the open one."""
         watch = self.watch
+        if self._opened is not None and watch is not None:
+            self._undo_if_evaluated(watch)
+        self.epochs += first  # an epoch's first batch (a persistent iterator's too)
         if watch is not None:
+            tracker = watch._tracker
+            step, epoch = tracker.step, tracker.epoch
             self._step_opened = True
             self._step_dataset = dataset
             watch.step(batch, ids=ids, data_wait_s=wait)
             if first:
                 watch.log(epoch=self.epochs - 1)
+            if tracker.step != step:  # a new step, not a micro-batch folded into the open one
+                self._opened = _Opened(epoch, first, tracker.training_forwards)
+
+    def _undo_if_evaluated(self, watch: Watch) -> None:
+        """The step the last batch opened is no step if the model ran forwards since, none in training mode, and
+        nothing was trained: that batch was an evaluation's first (the Watch's forward hook counts the forwards).
+        An evaluation between a step's draw and its training forward (nanoGPT evaluates there) leaves it be."""
+        opened, self._opened = self._opened, None
+        tracker = watch._tracker
+        s = tracker.cur
+        if (
+            opened is None
+            or s is None
+            or not s.forwards
+            or tracker.training_forwards != opened.training_forwards
+            or s.opt_step is not None
+            or self.loss.total is not None
+        ):
+            return
+        tracker.discard()
+        tracker.epoch = opened.epoch
+        self.epochs -= opened.first
+        self._step_opened, self._step_dataset = False, None
 
     def _hold(self, watch: Watch, drawn: tuple[Any, Any, list[int] | None, float, bool]) -> None:
         self._held.append(drawn)

@@ -71,6 +71,11 @@ class RecentBatches:
             self._bytes -= self._kept.popleft().nbytes
         return len(self._kept)
 
+    def forget(self, step: int) -> None:
+        """Drop the newest batches if they are ``step``'s (a step undone: its number goes to the next one)."""
+        while self._kept and self._kept[-1].step == step:
+            self._bytes -= self._kept.pop().nbytes
+
     def find(self, step: int) -> KeptBatch | None:
         # list() copies the deque in one call, which the GIL makes safe against the training thread's appends.
         return next((k for k in list(self._kept) if k.step == step), None)

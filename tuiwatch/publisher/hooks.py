@@ -323,7 +323,9 @@ class ModelHooks:
                 self.failures.record_oom(failure)
             return
         tracker = self.tracker
-        tracker.forward_training = module.training
+        training = module.training
+        tracker.forward_training = training
+        tracker.training_forwards += training
         evaluation = tracker.eval
         if evaluation is not None:
             # The mode the model evaluates in, not the one it is left in when the block logs.

@@ -44,6 +44,9 @@ class StepTracker:
         # computed before it, and an evaluation that put the model back in train() before returning them ran in
         # eval mode all the same.
         self.forward_training: bool | None = None
+        self.training_forwards = (
+            0  # the model's forwards in training mode so far (tuiwatch run tells evaluations by it)
+        )
         self.last_boundary = time.perf_counter()
         self.last_batch: KeptBatch | None = None  # what a dump on request saves
         self.recent = RecentBatches()
@@ -153,10 +156,15 @@ class StepTracker:
 
     def discard(self) -> None:
         """Forget the open step, the last one opened, as if it never was (``tuiwatch run``'s trailing batch that no
-        optimizer step used)."""
-        if self.cur is not None:
+        optimizer step used, an evaluator's first batch): its number goes to the next step, and its batch is no
+        longer one a dump of that number could find."""
+        s = self.cur
+        if s is not None:
             self.cur = None
             self.step -= 1
+            self.recent.forget(s.step)
+            if self.last_batch is not None and self.last_batch.step == s.step:
+                self.last_batch = None
 
     def last_step_number(self) -> int | None:
         """The step the run is at for a command's reply: the last one opened."""
