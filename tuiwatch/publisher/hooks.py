@@ -75,6 +75,10 @@ class ForwardHook:
         self._func = target.__func__ if bound else None
         self._owner = None if target is None else weakref.ref(target.__self__ if bound else target)
 
+    # Not traced by torch.compile: a model compiled after the Watch hooked it (or a Trainer's torch_compile=True,
+    # whose model the callback hooks) runs this as it is, between its graphs. Traced, its clock reads and .item()
+    # split the model into more graphs and printed dynamo's warnings about tuiwatch's lines into the run's log.
+    @torch.compiler.disable  # type: ignore[untyped-decorator]  # (torch does not type it)
     def __call__(self, module: Any, args: Any, output: Any) -> None:
         owner = self._owner() if self._owner is not None else None
         if owner is None:
