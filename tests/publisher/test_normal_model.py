@@ -10,7 +10,6 @@ import copy
 import copyreg
 import io
 import pickle
-import warnings
 from pathlib import Path
 from typing import cast
 
@@ -142,36 +141,6 @@ def test_copies_of_a_watched_model_never_publish_into_its_run(run_root: Path, so
     (step,) = _steps(watch)
     assert step["finite"]["forward"] is True  # the model's own output, not a copy's
     assert step["finite"]["batch"] is False  # the batch the loader gave did hold NaN
-
-
-def test_a_model_compiled_after_the_watch_hooked_it_stays_one_graph_and_dynamo_says_nothing_of_tuiwatch(
-    run_root: Path, socket_dir: Path
-):
-    # The Watch made before torch.compile (or a Trainer's torch_compile=True, its callback's pre-hook on the model):
-    # dynamo traced the hooks, split the model into three graphs at their clock reads and .item(), and logged its
-    # warnings about tuiwatch's lines into the run's output. The hooks now run as they are, between graphs.
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    watch = tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False)
-    compiled = cast(nn.Module, torch.compile(model, backend="eager"))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _train(watch, compiled, optimizer, 4)
-    watch.close()
-    try:
-        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
-        assert not [str(w.message) for w in caught if "ynamo" in str(w.message)]
-    finally:
-        torch._dynamo.reset()
-    steps = _steps(watch)
-    assert [s["step"] for s in steps] == [0, 1, 2, 3]
-    assert all(s["finite"]["forward"] is True and s["forward_s"] is not None for s in steps)
-    assert [s.get("classes") for s in steps] == [2, None, None, None]
 
 
 def test_a_compiled_model_is_watched_under_its_own_class_name(run_root: Path, socket_dir: Path):

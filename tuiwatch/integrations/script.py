@@ -55,7 +55,7 @@ from tuiwatch.errors import NonFiniteError, StopRequested
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
-from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
+from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook, uncompiled
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
 from tuiwatch.publisher.watch import Watch
 
@@ -163,8 +163,8 @@ class ScriptWatch:
     # --- installing ------------------------------------------------------------------
 
     def install(self) -> None:
-        self._undo.append(register_optimizer_step_pre_hook(self._before_step).remove)
-        self._undo.append(register_optimizer_step_post_hook(self._after_step).remove)
+        self._undo.append(register_optimizer_step_pre_hook(uncompiled(self._before_step)).remove)
+        self._undo.append(register_optimizer_step_post_hook(uncompiled(self._after_step)).remove)
         self.loss.install()
         self._undo.append(self.loss.remove)
         self._undo.append(wrap_attribute(DataLoader, "__iter__", self._iter))

@@ -55,6 +55,11 @@ def default_param_norm_every(param_count: int) -> int:
 KEEP_SNAPSHOT_ELEMENTS = 4_000_000  # 16 MB of float32: below it the update norm's buffers are kept
 
 
+def uncompiled(hook: Any) -> Any:
+    """``hook`` as torch.compile leaves it: run as it is between graphs, never traced (see ForwardHook)."""
+    return torch.compiler.disable(hook)  # type: ignore[no-untyped-call]  # (torch does not type it)
+
+
 class ForwardHook:
     """What a Watch registers on the user's model: a model with it stays a normal model.
 
@@ -139,8 +144,10 @@ class ModelHooks:
     def attach(self) -> None:
         if self.optimizer is not None:
             stepping = inner_optimizer(self.optimizer)
-            self._handles.append(stepping.register_step_pre_hook(self.before_optimizer_step))
-            self._handles.append(stepping.register_step_post_hook(self.after_optimizer_step))
+            # Not traced where the optimizer's step is compiled (PyTorch's recipe: torch.compile of a function that
+            # calls opt.step()): one graph became ten, as for the forward hook below.
+            self._handles.append(stepping.register_step_pre_hook(uncompiled(self.before_optimizer_step)))
+            self._handles.append(stepping.register_step_post_hook(uncompiled(self.after_optimizer_step)))
         else:
             self.tracker.on_open = self.at_step_open
             self.tracker.on_end = self.at_step_end
