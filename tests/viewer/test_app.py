@@ -58,6 +58,22 @@ async def test_replay_shows_the_ledgers_values_on_every_pane():
         assert plain(app.query_one(AlertsPane)) == "no alerts"
 
 
+async def test_a_run_whose_steps_have_no_lr_says_so_where_its_lr_chart_would_be(tmp_path: Path):
+    # An optimizer whose param groups have no "lr" (a step size of its own) writes lr [null]: the chart said "(no
+    # data yet)" to the end of the run, as if one were coming.
+    records = [{**r, "lr": [None]} if r["kind"] == "step" else r for r in read_ledger(LEDGERS / "healthy.jsonl")]
+    ledger = write_ledger(tmp_path / "ledger.jsonl", records)
+    app = RecordingApp(FileSource(ledger), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "finished"), what="the replay to finish")
+        await drawn(pilot)
+        training = plain(app.query_one(TrainingPane))
+        assert "(no lr in the step records)" in training
+        assert "(no data yet)" not in training
+        last = [r for r in records if r["kind"] == "step"][-1]
+        assert f"grad norm pre-clip (log) {number(last['grad_norm'])}" in training  # the other charts as ever
+
+
 async def test_replay_shows_command_keys_disabled_and_sends_nothing():
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(80, 24)) as pilot:

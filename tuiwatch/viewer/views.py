@@ -19,11 +19,14 @@ from tuiwatch.ledger.fields import finite, integer, num
 from tuiwatch.ledger.records import Record
 from tuiwatch.viewer.baseline import Baseline
 from tuiwatch.viewer.ranks import RanksState
-from tuiwatch.viewer.render.chart import window_span
+from tuiwatch.viewer.render.chart import NO_DATA, window_span
 from tuiwatch.viewer.render.series import Series
 from tuiwatch.viewer.state import Alert, RunState
 
 MAX_OTHER_METRICS = 6
+# Steps came and none had an lr: an optimizer whose param groups have none (a step size of its own), or a loop
+# without an optimizer that does not log(lr=...). Not "yet": none will come.
+NO_LR = "(no lr in the step records)"
 MIN_ZOOM_STEPS = 10  # zooming in stops at this many steps across
 
 
@@ -52,6 +55,7 @@ class Chart:
     clip: float = 0.0  # the fraction of highest and lowest values left off the value range (o), 0: none
     cursor: int | None = None  # the step the cursor is at (.), drawn as its column
     mark: int | None = None  # --compare: the step where the two runs part, a dotted line in the compare colour
+    empty: str = NO_DATA  # what it says without a point to draw
 
 
 @dataclass(frozen=True)
@@ -487,7 +491,7 @@ def training_view(
         eval_value=state.eval_metrics[evaluation].current if evaluation is not None else None,
         loss=Chart(tuple(loss_lines), window, log=looks.log_y, smooth=looks.smooth, clip=looks.clip, mark=mark),
         lr_value=lr_value,
-        lr=Chart(tuple(lr_lines), window, log=True, mark=mark),
+        lr=Chart(tuple(lr_lines), window, log=True, mark=mark, empty=NO_LR if step and not state.lr.count else NO_DATA),
         # The norm and the clipped flag of one step: a step without a norm shows none, not an older one's.
         grad_norm_value=num(step.get("grad_norm")),
         grad_norm_clipped=step.get("grad_norm_clipped") is True,

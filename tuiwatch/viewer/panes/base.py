@@ -90,4 +90,6 @@ class Pane(Widget, can_focus=True):
     def draw(self, c: Chart, width: int, height: int) -> list[Text]:
         traces = [Trace(line.series, self.style_of(line.role), line.markers, c.smooth) for line in c.lines]
         mark_style = self.style_of("compare") if c.mark is not None else "dim"
-        return chart(traces, width, height, c.window, c.log, c.unit, c.span, c.clip, c.cursor, c.mark, mark_style)
+        return chart(
+            traces, width, height, c.window, c.log, c.unit, c.span, c.clip, c.cursor, c.mark, mark_style, c.empty
+        )

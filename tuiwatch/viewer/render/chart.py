@@ -21,6 +21,8 @@ from tuiwatch.viewer.render.series import Column, Series
 
 _BRAILLE = 0x2800
 _BLANK = chr(_BRAILLE)  # a cell without dots
+NO_DATA = "(no data yet)"  # what a chart says with no point to draw, unless told otherwise
+
 # Dot bits of a braille cell, by (column 0..1, row 0..3) from the top left.
 _DOT = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 LABEL_WIDTH = 8  # seven characters of value, then the axis
@@ -283,6 +285,7 @@ def chart(
     cursor: int | None = None,
     mark: int | None = None,
     mark_style: Style | str = "dim",
+    empty: str = NO_DATA,
 ) -> list[Text]:
     """A chart as ``height`` rows of styled text: value labels on the left, the step axis on the last row.
 
@@ -296,7 +299,7 @@ def chart(
     top row, one below it ``↓`` in its bottom row. ``cursor`` (a step) is
     drawn as its column in reverse video. ``mark`` (a step: where a compared
     run parts) is a dotted vertical line in ``mark_style`` through the cells
-    of its column that have no dots, so that it hides no point.
+    of its column that have no dots, so that it hides no point. ``empty`` is what it says with no point to draw.
     """
     if height < 1 or width <= LABEL_WIDTH + 2:
         return []
@@ -319,7 +322,7 @@ def chart(
         if p is not None and clip > 0:
             _mark_clipped(p, columns, log)
     if steps is None or p is None:
-        empty = "(no positive values)" if log and any(t.series.count for t in traces) else "(no data yet)"
+        empty = "(no positive values)" if log and any(t.series.count for t in traces) else empty
         said = next(t for t in (" " * LABEL_WIDTH + empty, empty, "no data", "-") if len(t) <= width)
         return [Text(said, style="dim", no_wrap=True)] + [Text("")] * (height - 1)
     at, marked = cell_of(cursor, steps, cells), cell_of(mark, steps, cells)
