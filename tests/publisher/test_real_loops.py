@@ -628,6 +628,29 @@ def test_an_lr_a_schedule_computed_with_numpy_is_read_by_the_rules(run_root: Pat
     assert fired == [("lr-zero", 29)]  # the lr is 0 from step 20: ten optimizer steps at 0
 
 
+def test_the_update_norms_schedule_counts_the_parameters_that_can_move(run_root: Path):
+    # A LoRA adapter of 2,048 elements on a frozen 107k-parameter GPT-2 (a Trainer with peft) was sampled every
+    # 100th step, as a model of 107k moving parameters would be: its passes are over the 2,048 only.
+    backbone = nn.Sequential(nn.Linear(512, 256), nn.Linear(256, 16))  # 135,440 elements, frozen
+    backbone.requires_grad_(False)
+    model = nn.Sequential(backbone, nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model[1].parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(11):
+            watch.step()
+            loss = model(torch.randn(8, 512)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert watch.ledger_path is not None
+    run = records(watch.ledger_path, "run")[0]
+    assert (run["params"], run["update_norm_every"], run["param_norm_every"]) == (135_508, 10, 10)
+    assert [s["opt_step"] for s in _steps(watch) if s["update_norm"] is not None] == [1, 11]
+    full = Watch(nn.Sequential(nn.Linear(512, 256), nn.Linear(256, 16)), run_dir=run_root, system=False, quiet=True)
+    full.close()
+    assert full.update_norm_every == 100  # the same model, every weight trained
+
+
 def test_a_fine_tuned_models_update_norm_copies_only_the_parameters_that_move_and_follows_an_unfreeze(
     run_root: Path,
 ):

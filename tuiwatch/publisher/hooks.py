@@ -37,12 +37,13 @@ from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.steps import StepTracker
 
 
-def default_update_norm_every(param_count: int) -> int:
-    # The update norm costs three passes over the parameters (a copy before the step, the difference, its norm):
-    # ~70 µs of dispatch on the tiny MLP, ~0.9 ms on the 3x512 MLP (0.8M parameters, an 8 ms step), so every 10th
-    # step cost that model 1 % (79 µs a step, paired). Above 100k parameters it is read every 100th: the
-    # parameter norm, one pass every 10th, still tells parameters that do not move within 20 steps (no-update).
-    return 10 if param_count <= 100_000 else 100
+def default_update_norm_every(moving_count: int) -> int:
+    # The update norm costs three passes over the parameters that can move (a copy before the step, the
+    # difference, its norm): ~70 µs of dispatch on the tiny MLP, ~0.9 ms on the 3x512 MLP (0.8M parameters, an
+    # 8 ms step), so every 10th step cost that model 1 % (79 µs a step, paired). Above 100k of them it is read
+    # every 100th: the parameter norm, one pass every 10th, still tells parameters that do not move within 20
+    # steps (no-update).
+    return 10 if moving_count <= 100_000 else 100
 
 
 def default_param_norm_every(param_count: int) -> int:

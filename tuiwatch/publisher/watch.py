@@ -123,7 +123,10 @@ class Watch:
         params = list(model.parameters())
         known = sum(p.numel() for p in params if not is_lazy(p))
         param_count = None if any(is_lazy(p) for p in params) else known
-        self.update_norm_every = update_norm_every or default_update_norm_every(known)
+        # The update norm's passes are over the parameters that can move (hooks.py): a LoRA adapter's few thousand
+        # on a frozen model are sampled as often as a small model's.
+        moving = sum(p.numel() for p in params if p.requires_grad and not is_lazy(p))
+        self.update_norm_every = update_norm_every or default_update_norm_every(moving)
         self.param_norm_every = param_norm_every or default_param_norm_every(known)
         publishing = open_publishing(
             name=self.name,
