@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tuiwatch.ledger.ranks import rank_ledgers
+from tuiwatch.ledger.records import Record
 
 from ..helpers import SCRIPTS, env_for, ledger_file, records
 from .keys import checkpoint_then_stop
@@ -490,6 +491,18 @@ json.dump(seen, open(sys.argv[1], "w"))
 """
 
 
+def steps_and_seen(
+    script_text: str, run_root: Path, socket_dir: Path, tmp_path: Path, *args: str
+) -> tuple[list[Record], list[list[int]]]:
+    """The step records of ``script_text`` run under tuiwatch run, and the ids of the batches it trained on (the
+    script writes them to its first argument)."""
+    script, truth = tmp_path / "script.py", tmp_path / "seen.json"
+    script.write_text(script_text)
+    done = run([*TUIWATCH, "--run-dir", str(run_root), str(script), str(truth), *args], socket_dir)
+    assert done.returncode == 0, done.stderr
+    return records(ledger_file(run_root), "step"), json.loads(truth.read_text())
+
+
 @pytest.mark.parametrize("model", ["plain", "wrapped"])
 def test_an_evaluation_on_the_training_set_is_no_step_and_a_batch_drawn_before_model_train_is_one(
     run_root: Path, socket_dir: Path, tmp_path: Path, model: str
@@ -498,12 +511,7 @@ def test_an_evaluation_on_the_training_set_is_no_step_and_a_batch_drawn_before_m
     # those 95 batches were taken for the next step's (4,096 ids, the evaluation in its compute time), because a
     # batch drawn in eval mode from a dataset steps trained on counts as training's (the Trainer draws the next
     # step's batches before model.train()). The model's next forward now tells the two apart.
-    script, truth = tmp_path / "evaluates_on_train.py", tmp_path / "seen.json"
-    script.write_text(EVALUATES_ON_ITS_TRAINING_SET)
-    done = run([*TUIWATCH, "--run-dir", str(run_root), str(script), str(truth), model], socket_dir)
-    assert done.returncode == 0, done.stderr
-    steps = records(ledger_file(run_root), "step")
-    seen = json.loads(truth.read_text())
+    steps, seen = steps_and_seen(EVALUATES_ON_ITS_TRAINING_SET, run_root, socket_dir, tmp_path, model)
     assert [s["step"] for s in steps] == list(range(12))
     # Step 0's batch was drawn before the first optimizer step made the Watch; every other step has its own.
     assert [s["batch_ids"] for s in steps[1:]] == seen[1:]
@@ -600,12 +608,7 @@ def test_an_evaluator_that_draws_its_first_batch_before_model_eval_makes_no_step
     # pytorch-ignite's evaluator draws a batch before its step calls model.eval(): drawn in training mode, the first
     # batch of every evaluation opened a step, the next epoch's first batch folded into it (two micro-batches, the
     # evaluation in its compute time), and each evaluation of the training set began an epoch (0, 2, 4).
-    script, truth = tmp_path / "engine_style.py", tmp_path / "seen.json"
-    script.write_text(ENGINE_STYLE)
-    done = run([*TUIWATCH, "--run-dir", str(run_root), str(script), str(truth), evaluates], socket_dir)
-    assert done.returncode == 0, done.stderr
-    steps = records(ledger_file(run_root), "step")
-    seen = json.loads(truth.read_text())
+    steps, seen = steps_and_seen(ENGINE_STYLE, run_root, socket_dir, tmp_path, evaluates)
     assert [s["step"] for s in steps] == list(range(24))
     assert [s["epoch"] for s in steps] == [0] * 8 + [1] * 8 + [2] * 8
     # Step 0's batch was drawn before the first optimizer step made the Watch; every other step has its own.

@@ -342,11 +342,22 @@ def _estimate_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.
     return loss
 
 
-def test_validation_judges_the_mode_of_the_forwards_not_of_the_log(run_root: Path):
+@pytest.mark.parametrize("evaluated", ["inside the block", "before it"])
+def test_validation_is_judged_by_the_mode_of_the_evaluations_forwards_not_of_the_log(run_root: Path, evaluated: str):
+    """nanoGPT's estimate_loss inside the block, or the README's loop: an evaluation function (Lightning's Fabric
+    language-model example) returns its numbers and the block only logs them. Both restore model.train() before
+    returning. Judged by the mode at the log, every such block raised eval-mode on a healthy run."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.1), nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+
+    def evaluate(step: int) -> torch.Tensor:
+        if step < 5:
+            return _estimate_loss(model, x, y)
+        with torch.no_grad():  # the bug eval-mode exists for: the evaluation's forwards in train mode
+            return nn.functional.cross_entropy(model(x), y)
+
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
         for step in range(6):
             watch.step()
@@ -355,42 +366,11 @@ def test_validation_judges_the_mode_of_the_forwards_not_of_the_log(run_root: Pat
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-            if step % 2 == 1:
+            if step % 2 == 1 and evaluated == "inside the block":
                 with watch.validation():
-                    val = _estimate_loss(model, x, y)
-                    watch.log(val_loss=val)  # model.training is True again here
-        with watch.validation():  # the bug eval-mode exists for: forwards in train mode
-            watch.log(val_loss=nn.functional.cross_entropy(model(x), y))
-    assert watch.ledger_path is not None
-    evals = [r for r in records(watch.ledger_path) if r["kind"] == "eval"]
-    assert [r["training"] for r in evals] == [False, False, False, True]
-    fired = [a for a in _alerts(watch) if a["rule"] == "eval-mode" and a["severity"] != "info"]
-    assert [a["step"] for a in fired] == [5]
-
-
-def test_a_block_that_logs_an_evaluation_made_before_it_is_judged_by_that_evaluations_forwards(run_root: Path):
-    """The README's loop: an evaluation function returns its numbers (Lightning's Fabric language-model example
-    restores model.train() before returning, as nanoGPT's estimate_loss does), and the block only logs them. Judged
-    by the mode at the log, every such block raised eval-mode on a healthy run."""
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.1), nn.Linear(8, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
-    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
-        for step in range(6):
-            watch.step()
-            loss = nn.functional.cross_entropy(model(x), y)
-            watch.log(loss=loss)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            if step in (1, 3):
-                val = _estimate_loss(model, x, y)
-                with watch.validation():
-                    watch.log(val_loss=val)
-            if step == 5:  # the bug eval-mode exists for: the evaluation's forwards in train mode
-                with torch.no_grad():
-                    val = nn.functional.cross_entropy(model(x), y)
+                    watch.log(val_loss=evaluate(step))  # model.training is True again here
+            elif step % 2 == 1:
+                val = evaluate(step)
                 with watch.validation():
                     watch.log(val_loss=val)
     assert watch.ledger_path is not None

@@ -44,9 +44,8 @@ class StepTracker:
         # computed before it, and an evaluation that put the model back in train() before returning them ran in
         # eval mode all the same.
         self.forward_training: bool | None = None
-        self.training_forwards = (
-            0  # the model's forwards in training mode so far (tuiwatch run tells evaluations by it)
-        )
+        # The model's forwards in training mode so far: tuiwatch run tells an evaluation's batch by it.
+        self.training_forwards = 0
         self.last_boundary = time.perf_counter()
         self.last_batch: KeptBatch | None = None  # what a dump on request saves
         self.recent = RecentBatches()
