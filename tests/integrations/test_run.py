@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -493,9 +494,9 @@ json.dump(seen, open(sys.argv[1], "w"))
 
 def steps_and_seen(
     script_text: str, run_root: Path, socket_dir: Path, tmp_path: Path, *args: str
-) -> tuple[list[Record], list[list[int]]]:
-    """The step records of ``script_text`` run under tuiwatch run, and the ids of the batches it trained on (the
-    script writes them to its first argument)."""
+) -> tuple[list[Record], Any]:
+    """The step records of ``script_text`` run under tuiwatch run, and what the script saw itself (the ids of the
+    batches it trained on, say), which it writes as JSON to its first argument."""
     script, truth = tmp_path / "script.py", tmp_path / "seen.json"
     script.write_text(script_text)
     done = run([*TUIWATCH, "--run-dir", str(run_root), str(script), str(truth), *args], socket_dir)
@@ -614,3 +615,55 @@ def test_an_evaluator_that_draws_its_first_batch_before_model_eval_makes_no_step
     # Step 0's batch was drawn before the first optimizer step made the Watch; every other step has its own.
     assert [s["batch_ids"] for s in steps[1:]] == seen[1:]
     assert all(s.get("micro_batches") is None and s["opt_step"] == s["step"] + 1 for s in steps)
+
+
+CLIPS_BY_VALUE = """
+import json
+import sys
+
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Classifier(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+        self.norms = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def on_before_optimizer_step(self, optimizer):  # before Lightning clips
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self.norms.append(float(torch.nn.utils.get_total_norm(grads)))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(160, 8) * 20, torch.randint(0, 3, (160,)))
+model = Classifier()
+trainer = L.Trainer(
+    max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    enable_model_summary=False, gradient_clip_val=0.05, gradient_clip_algorithm="value",
+)
+trainer.fit(model, DataLoader(data, batch_size=32))
+json.dump(model.norms, open(sys.argv[1], "w"))
+"""
+
+
+def test_a_lightning_script_that_clips_by_value_records_the_norm_before_the_clip(
+    run_root: Path, socket_dir: Path, tmp_path: Path
+):
+    # gradient_clip_algorithm="value" calls torch's clip_grad_value_ inside the closure the optimizer runs, before
+    # tuiwatch run's Watch measured: the first step recorded 0.88 for a pre-clip norm of 9.1.
+    pytest.importorskip("lightning")
+    steps, norms = steps_and_seen(CLIPS_BY_VALUE, run_root, socket_dir, tmp_path)
+    assert len(steps) == len(norms) == 5
+    assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-5)
+    assert min(norms) > 1  # each clipped to 0.05 an element, 0.05·√227 ≈ 0.75 at most after
