@@ -49,6 +49,7 @@ def test_a_torchrun_job_is_one_directory_of_rank_ledgers_with_phases(tmp_path: P
     assert done.stderr.count("tuiwatch: ddp: 2 ranks, ledgers") == 1
     runs = {rank: next(iter(read_ledger(path))) for rank, path in ledgers.items()}
     assert {(r["rank"], r["local_rank"], r["world_size"]) for r in runs.values()} == {(0, 0, 2), (1, 1, 2)}
+    assert [r["sharded"] for r in runs.values()] == [False, False]  # DDP: every rank holds the whole model
     assert runs[0]["run_id"] == runs[1]["run_id"]
     assert job.name == f"ddp-{runs[0]['run_id']}"[:44]
     for path in ledgers.values():
@@ -132,3 +133,24 @@ def test_a_checkpoint_set_taken_at_one_step_resumes_the_job_exactly(tmp_path: Pa
     for rank in (0, 1):
         assert sorted(got[rank]) == list(range(30, 64))
         assert got[rank] == {step: loss for step, loss in expected[rank].items() if step >= 30}
+
+
+def test_an_fsdp_job_says_its_ranks_norms_are_their_shards(tmp_path: Path):
+    # Under fully_shard each rank's gradients are its shard: the norm a rank measures is its shard's (0.59 and
+    # 0.61 where the model's is 0.85), and reading the model's would take a collective in a hook. The run record
+    # says so, and the viewer titles the chart "grad norm of this rank's shard".
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(SCRIPTS / "fsdp_train.py")]
+    done = subprocess.run(
+        [*cmd, str(runs), str(out)], env=env_for(tmp_path / "sock"), capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (job,) = runs.iterdir()
+    for rank, path in rank_ledgers(job).items():
+        ledger = list(read_ledger(path))
+        assert ledger[0]["sharded"] is True
+        seen = json.loads((out / f"rank{rank}.json").read_text())
+        steps = [r for r in ledger if r["kind"] == "step"]
+        assert [s["grad_norm"] for s in steps] == pytest.approx(seen["shard"], rel=1e-5)
+        assert all(shard < whole for shard, whole in zip(seen["shard"], seen["model"], strict=True))

@@ -74,6 +74,19 @@ async def test_a_run_whose_steps_have_no_lr_says_so_where_its_lr_chart_would_be(
         assert f"grad norm pre-clip (log) {number(last['grad_norm'])}" in training  # the other charts as ever
 
 
+async def test_a_sharded_runs_grad_norm_is_titled_as_its_ranks_shard(tmp_path: Path):
+    # FSDP: a rank measures its shard's gradients (docs/distributed.md); "pre-clip" of the model it is not.
+    records = [{**r, "sharded": True} if r["kind"] == "run" else r for r in read_ledger(LEDGERS / "healthy.jsonl")]
+    app = RecordingApp(FileSource(write_ledger(tmp_path / "ledger.jsonl", records)), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, shown(app, "finished"), what="the replay to finish")
+        await drawn(pilot)
+        training = plain(app.query_one(TrainingPane))
+        last = [r for r in records if r["kind"] == "step"][-1]
+        assert f"grad norm of this rank's shard (log) {number(last['grad_norm'])}" in training
+        assert "pre-clip" not in training
+
+
 async def test_replay_shows_command_keys_disabled_and_sends_nothing():
     app = RecordingApp(FileSource(LEDGERS / "healthy.jsonl"), clock=lambda: FIXED_NOW)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -49,6 +49,7 @@ class RunRecord(TypedDict):
     model: str
     optimizer: str | None
     params: int | None
+    sharded: bool  # this rank holds shards of the parameters (FSDP): its norms are its shard's
     every: int
     update_norm_every: int
     param_norm_every: int

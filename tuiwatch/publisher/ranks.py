@@ -121,3 +121,20 @@ def replicated(model: Any, optimizer: Any, world_size: int) -> bool:
     if world_size < 2 or not isinstance(model, DistributedDataParallel):
         return False
     return optimizer is None or type(optimizer).__module__.startswith("torch.optim.")
+
+
+def holds_shards(model: Any, world_size: int) -> bool:
+    """Whether this rank holds shards of the model's parameters (FSDP2's ``fully_shard`` DTensors, FSDP's flat
+    parameters): its gradient, parameter and update norms are then its shard's, not the model's. The model's is
+    the root of the sum of the ranks' squares, which no rank can read without a collective, and a collective in a
+    hook is one the ranks could make apart (a rank that skips a sample for want of memory): none is made."""
+    if world_size < 2:
+        return False
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch built without distributed: nothing is sharded
+        return False
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return True
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules())

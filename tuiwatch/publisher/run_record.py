@@ -17,7 +17,7 @@ from tuiwatch.ledger.records import SCHEMA, RunRecord
 from tuiwatch.publisher import environment
 from tuiwatch.publisher.atomic import modes
 from tuiwatch.publisher.optimizers import optimizer_name
-from tuiwatch.publisher.ranks import Ranks
+from tuiwatch.publisher.ranks import Ranks, holds_shards
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.wire.socketdir import safe_name
 
@@ -147,6 +147,7 @@ def make_run_record(
         "model": type(getattr(model, "_orig_mod", model)).__name__,  # the compiled model's own class
         "optimizer": None if optimizer is None else optimizer_name(optimizer),
         "params": param_count,
+        "sharded": holds_shards(model, ranks.world_size),
         "every": every,
         "update_norm_every": update_norm_every,
         "param_norm_every": param_norm_every,

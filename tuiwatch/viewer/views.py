@@ -102,6 +102,7 @@ class TrainingView:
     compared: str | None = None  # --compare: "vs NAME: parts at step 120 (loss)"
     at_step: int | None = None  # the cursor's step: the values are that step's (the record the cursor snaps to)
     lr_constant: bool = False  # one lr all along: its line says so, and its chart's rows go to the loss
+    sharded: bool = False  # the run's norms are its rank's shard's (FSDP): the grad norm's title says so
 
 
 @dataclass(frozen=True)
@@ -500,6 +501,7 @@ def training_view(
         step_unit="optimizer steps" if state.run.get("step_per") == "optimizer" else "steps",
         compared=compared,
         lr_constant=state.lr.constant,
+        sharded=state.run.get("sharded") is True,
     )
     return view if looks.cursor is None else at_cursor(view, state, looks.cursor)
 

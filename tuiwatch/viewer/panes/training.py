@@ -88,7 +88,10 @@ class TrainingPane(Pane):
         rows += self.draw(v.lr, width, lr_h)
         norm = [(number(v.grad_norm_value), self.value_style(v.grad_norm_value))]
         clipped = [(" clipped", self.style_of("clipped"))] if v.grad_norm_clipped else []
-        label = "grad norm pre-clip (log) " if width >= 36 else "grad norm "
+        if v.sharded:  # FSDP: this rank's shard of the gradients, measured at its optimizer step
+            label = "grad norm of this rank's shard (log) " if width >= 48 else "shard grad norm "
+        else:
+            label = "grad norm pre-clip (log) " if width >= 36 else "grad norm "
         rows.append(fitted(width, [(label, self.style_of("grad-title")), *norm], clipped))
         rows += self.draw(v.grad_norm, width, chart_h)
         if v.others and len(rows) < height:
