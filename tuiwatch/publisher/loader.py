@@ -83,19 +83,25 @@ def _recordable(loader: Any) -> bool:
     )
 
 
-def _adapted(loader: Any) -> Any:
-    """The DataLoader an adapter hands on batch for batch, in order: Accelerate's prepared loader
-    (``DataLoaderShard``, ``base_dataloader``) or Lightning Fabric's (``_FabricDataLoader``, which only moves each
-    batch to the device). Known classes only: ids paired with the wrong batches are worse than none."""
+def adapted(loader: Any) -> Any:
+    """The loader an adapter hands on batch for batch, in order, or None: Accelerate's prepared loader
+    (``DataLoaderShard``, ``base_dataloader``), Lightning Fabric's (``_FabricDataLoader``, which only moves each
+    batch to the device), a tqdm progress bar over it (``watch.batches(tqdm(loader))``). Known classes only: ids
+    paired with the wrong batches are worse than none."""
     base = getattr(loader, "base_dataloader", None)
-    if base is None and type(loader).__name__ == "_FabricDataLoader":
-        base = getattr(loader, "_dataloader", None)
-    return base
+    if base is not None:
+        return base
+    kind = type(loader)
+    if kind.__name__ == "_FabricDataLoader":
+        return getattr(loader, "_dataloader", None)
+    if any(c.__module__ == "tqdm.std" and c.__name__ == "tqdm" for c in kind.__mro__):  # tqdm.auto's too
+        return getattr(loader, "iterable", None)
+    return None
 
 
 def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
     """``iter(loader)`` and, for a map-style DataLoader that yields in order, its id recorder."""
-    base = _adapted(loader)
+    base = adapted(loader)
     if base is not None and _recordable(base) and not getattr(loader, "skip_batches", 0):
         return _adapter_with_ids(loader, base)
     if not _recordable(loader):

@@ -19,7 +19,7 @@ import torch
 from tuiwatch.errors import TuiwatchError
 from tuiwatch.publisher.checkpoints import FORMAT, Checkpoint, CheckpointError, restore_rng, rng_states
 from tuiwatch.publisher.environment import versions
-from tuiwatch.publisher.loader import IndexRecorder
+from tuiwatch.publisher.loader import IndexRecorder, adapted
 from tuiwatch.publisher.steps import StepTracker
 
 
@@ -33,9 +33,16 @@ class Trainables:
     scaler: Any
 
 
+def _generator(loader: Any) -> Any:
+    """The loader's own shuffle generator, if any (that of the DataLoader an adapter or a progress bar holds)."""
+    generator = getattr(loader, "generator", None)
+    base = adapted(loader) if generator is None else None
+    return generator if base is None else getattr(base, "generator", None)
+
+
 def epoch_rng(loader: Any) -> dict[str, Any]:
     """The RNG states a loader's shuffle draws from, taken before ``iter(loader)``."""
-    generator = getattr(loader, "generator", None)
+    generator = _generator(loader)
     return {
         "rng": rng_states(),
         "loader_generator": generator.get_state() if isinstance(generator, torch.Generator) else None,
@@ -44,7 +51,7 @@ def epoch_rng(loader: Any) -> dict[str, Any]:
 
 def restore_epoch_rng(saved: dict[str, Any], loader: Any) -> None:
     restore_rng(saved["rng"])
-    generator = getattr(loader, "generator", None)
+    generator = _generator(loader)
     if saved.get("loader_generator") is not None and isinstance(generator, torch.Generator):
         generator.set_state(saved["loader_generator"])
 

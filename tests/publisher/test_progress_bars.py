@@ -1,0 +1,57 @@
+"""``watch.batches(tqdm(loader))``: the DataLoader under a progress bar is still the one recorded.
+
+A tqdm bar is no DataLoader: its batches had no sample ids, and a checkpoint did not hold the loader's own
+shuffle generator. It hands its iterable's items on one by one, in order, as Fabric's loader does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import tqdm  # type: ignore[import-untyped]  # (transformers, a dev dependency, brings it; no stubs)
+import tqdm.auto  # type: ignore[import-untyped]
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import tuiwatch
+from tuiwatch.publisher.resume import epoch_rng, restore_epoch_rng
+
+
+def numbered_loader(workers: int = 0) -> DataLoader[tuple[torch.Tensor, ...]]:
+    x = torch.randn(64, 4)
+    x[:, 0] = torch.arange(64)  # a sample's input says which it is
+    data = TensorDataset(x, torch.randint(0, 2, (64,)))
+    return DataLoader(data, batch_size=8, shuffle=True, num_workers=workers, generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize(("bar", "workers"), [("tqdm", 0), ("tqdm.auto", 2)])
+def test_a_loader_under_a_progress_bar_records_each_steps_ids(run_root: Path, bar: str, workers: int):
+    loader = numbered_loader(workers)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    progress = tqdm.tqdm if bar == "tqdm" else tqdm.auto.tqdm
+    seen: list[list[int]] = []
+    with tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(2):
+            for x, y in watch.batches(progress(loader, disable=True)):
+                seen.append(x[:, 0].long().tolist())
+                loss = nn.functional.cross_entropy(model(x), y)
+                watch.log(loss=loss)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    assert watch.ledger_path is not None
+    steps = [r for r in tuiwatch.read_ledger(watch.ledger_path) if r["kind"] == "step"]
+    assert [s["batch_ids"] for s in steps] == seen
+    assert len(seen) == 16
+
+
+def test_a_checkpoint_holds_the_shuffle_generator_of_the_loader_under_a_progress_bar():
+    loader = numbered_loader()
+    assert loader.generator is not None
+    saved = epoch_rng(tqdm.tqdm(loader, disable=True))
+    first = [x[:, 0].long().tolist() for x, _ in loader]
+    restore_epoch_rng(saved, tqdm.tqdm(loader, disable=True))
+    assert [x[:, 0].long().tolist() for x, _ in loader] == first  # the same shuffle again
