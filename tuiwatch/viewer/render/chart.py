@@ -21,11 +21,10 @@ from tuiwatch.viewer.render.series import Column, Series
 
 _BRAILLE = 0x2800
 _BLANK = chr(_BRAILLE)  # a cell without dots
-NO_DATA = "(no data yet)"  # what a chart says with no point to draw, unless told otherwise
-
 # Dot bits of a braille cell, by (column 0..1, row 0..3) from the top left.
 _DOT = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 LABEL_WIDTH = 8  # seven characters of value, then the axis
+NO_DATA = "(no data yet)"  # what a chart says with no point to draw, unless told otherwise
 MIB = float(2**20)
 
 
