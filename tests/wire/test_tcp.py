@@ -26,6 +26,8 @@ from tuiwatch.viewer.sources import TcpSource
 from tuiwatch.wire.protocol import command_line, iter_records
 from tuiwatch.wire.tcp import (
     AUTH_TIMEOUT_S,
+    CHECK_ATTEMPTS,
+    HandshakeInterrupted,
     TcpTarget,
     check_tcp_target,
     connect_tcp,
@@ -232,6 +234,32 @@ def test_silent_connections_of_another_user_cannot_lock_the_token_holder_out(run
         flood.kill()
         watch.close()
     assert records(ledger_file(run_root))[-1]["refused_peers"] >= 20
+
+
+def test_a_handshake_reset_before_the_run_read_the_hello_is_an_eviction_and_is_tried_again():
+    # On a loaded host the run can evict a connection whose hello has arrived but not been read yet; a socket
+    # closed with unread bytes is reset, not ended, and the reset was reported as "cannot reach a run" at the
+    # first try (the flood test failed so under load) instead of being tried again as an eviction.
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    resets = []
+
+    def evict_each() -> None:
+        for _ in range(CHECK_ATTEMPTS):
+            conn, _ = listener.accept()
+            conn.recv(1, socket.MSG_PEEK)  # the hello has arrived, unread
+            conn.close()  # with unread bytes: a reset
+            resets.append(1)
+
+    evicting = threading.Thread(target=evict_each, daemon=True)
+    evicting.start()
+    try:
+        with pytest.raises(HandshakeInterrupted, match="closed the connection during the handshake"):
+            check_tcp_target(TcpTarget("127.0.0.1", port, "0" * 64))
+        evicting.join(timeout=10)
+        assert len(resets) == CHECK_ATTEMPTS
+    finally:
+        listener.close()
 
 
 def test_a_listener_other_hosts_can_reach_says_so(run_root: Path, capfd: pytest.CaptureFixture[str]):

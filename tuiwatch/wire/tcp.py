@@ -213,14 +213,30 @@ class HandshakeInterrupted(HandshakeError):
     """The run closed the connection mid-handshake without refusing it: it evicted it (a flood), so retry."""
 
 
+def _evicted(where: str) -> HandshakeInterrupted:
+    return HandshakeInterrupted(
+        f"the run at {where} closed the connection during the handshake: too many connections "
+        "were waiting to authenticate (another user flooding the port?); try again"
+    )
+
+
+def _send(sock: socket.socket, data: bytes, where: str) -> None:
+    try:
+        sock.sendall(data)
+    except (ConnectionResetError, BrokenPipeError):
+        raise _evicted(where) from None
+
+
 def _line(sock: socket.socket, buffer: bytearray, where: str) -> bytes:
     while b"\n" not in buffer:
-        chunk = sock.recv(MAX_AUTH_BYTES)  # a timeout is an OSError: nothing answers there, as for a refused connect
+        try:
+            chunk = sock.recv(MAX_AUTH_BYTES)  # a timeout is an OSError: nothing answers, as for a refused connect
+        except ConnectionResetError:
+            # Evicted before the run read our hello: a socket closed with unread bytes is reset, not ended (a
+            # loaded host, where the run's first read came before the hello arrived).
+            raise _evicted(where) from None
         if not chunk:
-            raise HandshakeInterrupted(
-                f"the run at {where} closed the connection during the handshake: too many connections "
-                "were waiting to authenticate (another user flooding the port?); try again"
-            )
+            raise _evicted(where)
         buffer += chunk
         if len(buffer) > MAX_AUTH_BYTES and b"\n" not in buffer:
             raise HandshakeError(f"what listens at {where} is not a tuiwatch run (a line too long)")
@@ -236,7 +252,7 @@ def handshake(sock: socket.socket, target: TcpTarget) -> bytes:
     """
     where = format_address(target.host, target.port)
     viewer_nonce = new_nonce()
-    sock.sendall(hello_line(viewer_nonce))
+    _send(sock, hello_line(viewer_nonce), where)
     buffer = bytearray()
     challenge = _line(sock, buffer, where)
     run_nonce = field_of(challenge, "nonce")
@@ -246,7 +262,7 @@ def handshake(sock: socket.socket, target: TcpTarget) -> bytes:
             f"what listens at {where} did not prove it holds this token: the token file is from another run "
             "(each run writes a new one: copy it again), or the run ended and something else has its port"
         )
-    sock.sendall(encode({"proof": proof(target.token, "viewer", viewer_nonce, run_nonce)}))
+    _send(sock, encode({"proof": proof(target.token, "viewer", viewer_nonce, run_nonce)}), where)
     answer = _line(sock, buffer, where)
     if field_of(answer, "refused") is not None:
         raise HandshakeError(
