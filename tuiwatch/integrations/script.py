@@ -57,6 +57,7 @@ from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook, uncompiled
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
+from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch
 
 NOT_SEEN = [
@@ -184,9 +185,13 @@ class ScriptWatch:
         if watch is None:
             return
         s = watch._tracker.cur
-        if reason == "finished" and s is not None and s.opt_step is None and self.loss.total is None:
+        if reason == "finished" and s is not None and self._untrained(s):
             watch._tracker.discard()
         watch.close(reason)
+
+    def _untrained(self, s: StepState) -> bool:
+        """Whether the open step ``s`` neither backpropagated nor stepped the optimizer."""
+        return s.opt_step is None and self.loss.total is None
 
     # --- the optimizer: the Watch's start, and each step's end ------------------------
 
@@ -350,9 +355,9 @@ class ScriptWatch:
 
     def _open(self, dataset: Any, batch: Any, ids: list[int] | None, wait: float, first: bool) -> None:
         """A step for ``batch``, or one more micro-batch of the open one."""
-        watch = self.watch
-        if self._opened is not None and watch is not None:
-            self._undo_if_evaluated(watch)
+        watch, opened = self.watch, self._opened
+        if opened is not None and watch is not None:
+            self._undo_if_evaluated(watch, opened)
         self.epochs += first  # an epoch's first batch (a persistent iterator's too)
         if watch is not None:
             tracker = watch._tracker
@@ -365,20 +370,18 @@ class ScriptWatch:
             if tracker.step != step:  # a new step, not a micro-batch folded into the open one
                 self._opened = _Opened(epoch, first, tracker.training_forwards)
 
-    def _undo_if_evaluated(self, watch: Watch) -> None:
+    def _undo_if_evaluated(self, watch: Watch, opened: _Opened) -> None:
         """The step the last batch opened is no step if the model ran forwards since, none in training mode, and
         nothing was trained: that batch was an evaluation's first (the Watch's forward hook counts the forwards).
         An evaluation between a step's draw and its training forward (nanoGPT evaluates there) leaves it be."""
-        opened, self._opened = self._opened, None
+        self._opened = None
         tracker = watch._tracker
         s = tracker.cur
         if (
-            opened is None
-            or s is None
+            s is None
             or not s.forwards
             or tracker.training_forwards != opened.training_forwards
-            or s.opt_step is not None
-            or self.loss.total is not None
+            or not self._untrained(s)
         ):
             return
         tracker.discard()

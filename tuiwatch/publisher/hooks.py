@@ -197,8 +197,7 @@ class ModelHooks:
         if self.tracker.off or not _holds_any(params, mine):
             return
         s = self.tracker.current()
-        if s.grad_norm is None and (s.measured or self.checking):
-            s.grad_norm = gradient_norm([p.grad for p in mine if p.grad is not None])
+        s.grad_norm = self._gradient_norm(s, mine)
 
     def _snapshot(self, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
         """The parameters that can move (``requires_grad``) and their values before an update, for its norm.
@@ -264,12 +263,17 @@ class ModelHooks:
         if not self.tracker.off:
             self._measure_gradients(self.tracker.current(), self.params())
 
+    def _gradient_norm(self, s: StepState, params: list[torch.Tensor]) -> Any:
+        """The step's gradient norm: the one a clip gave, else measured now when the step is recorded or checked."""
+        norm = s.grad_norm
+        if norm is None and (s.measured or self.checking):
+            norm = gradient_norm([p.grad for p in params if p.grad is not None])
+        return norm
+
     def _measure_gradients(self, s: StepState, params: list[torch.Tensor]) -> None:
         """The pre-clip norm (unless a clip gave it) and, for "stop"/"skip", the non-finite check before the update."""
         checking = self.checking
-        norm = s.grad_norm
-        if norm is None and (s.measured or checking):
-            norm = gradient_norm([p.grad for p in params if p.grad is not None])
+        norm = self._gradient_norm(s, params)
         if isinstance(norm, torch.Tensor):
             # "stop"/"skip" must know now: free on the CPU, the one documented sync per step on CUDA.
             norm = norm.item() if checking else defer(norm)
