@@ -20,6 +20,7 @@ from torch import nn
 
 from tuiwatch.analysis.report import as_text, summarize
 from tuiwatch.ledger.records import Record
+from tuiwatch.publisher.measure import NO_BATCH, class_count
 from tuiwatch.publisher.watch import Watch
 
 from ..helpers import records
@@ -290,6 +291,58 @@ def test_loss_chance_finds_the_classes_of_a_dict_output_and_names_shuffled_label
     assert fired
     assert fired[0]["evidence"]["classes"] == 4
     assert "logits" in fired[0]["evidence"]["classes_from"]
+
+
+def test_a_two_output_regression_near_ln_2_is_not_a_classifier_at_chance(run_root: Path):
+    # A healthy regression whose targets hold noise of variance 0.7 no model can predict: its MSE settles near
+    # ln 2 = 0.693. Its (batch, 2) output alone looked like two classes, and loss-chance said "labels shuffled?".
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    x = torch.randn(20000, 8, generator=g)
+    y = x @ (0.3 * torch.randn(8, 2, generator=g)) + 0.7**0.5 * torch.randn(20000, 2, generator=g)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=256, shuffle=True)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, rules={"data-bound": False}) as watch:
+        for _ in range(4):
+            for xb, yb in watch.batches(loader):
+                loss = nn.functional.mse_loss(model(xb), yb)
+                watch.log(loss=loss)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    steps = _steps(watch)
+    assert len(steps) == 316
+    late = sorted(s["loss"] for s in steps[-100:])
+    assert abs(late[50] - math.log(2)) < 0.1 * math.log(2)  # where the old class count put "chance"
+    assert [(a["rule"], a["step"]) for a in _alerts(watch)] == []
+    assert all("classes" not in s for s in steps)
+
+
+def _long(*shape: int) -> torch.Tensor:
+    return torch.zeros(shape, dtype=torch.long)
+
+
+@pytest.mark.parametrize(
+    ("output", "batch", "classes"),
+    [
+        (torch.zeros(8, 3), (torch.zeros(8, 5), _long(8)), 3),  # (inputs, labels)
+        (torch.zeros(8, 3), (torch.zeros(8, 5), _long(8, 1)), 3),  # labels squeezed in the loss
+        (torch.zeros(8, 2), (torch.zeros(8, 2), _long(8)), 2),  # inputs as wide as the output
+        ({"logits": torch.zeros(4, 16, 64)}, {"input_ids": _long(4, 16), "labels": _long(4, 16)}, 64),
+        ((torch.zeros(4, 16, 64), None), (_long(4, 16), _long(4, 16)), None),  # unnamed 3-D: says nothing
+        (torch.zeros(8, 2), (torch.zeros(8, 5), torch.zeros(8, 2)), None),  # regression targets
+        (torch.zeros(8, 3), (torch.zeros(8, 5), torch.zeros(8, 3).bool()), None),  # multi-hot labels (BCE)
+        (torch.zeros(8, 3), {"x": torch.zeros(8, 5), "soft": torch.zeros(8, 3)}, None),  # soft labels
+        (torch.zeros(8, 2), NO_BATCH, 2),  # the batch not seen: the width is all there is
+        (torch.zeros(8, 1), (torch.zeros(8, 5), _long(8)), None),
+        (torch.zeros(8, 3, 4, 4), (torch.zeros(8, 5), _long(8, 4, 4)), None),  # a map
+    ],
+)
+def test_the_class_count_needs_integer_labels_of_one_per_output_row_where_the_batch_is_seen(
+    output: object, batch: object, classes: int | None
+):
+    assert class_count(output, batch) == classes
 
 
 class Shards(torch.utils.data.IterableDataset):  # type: ignore[type-arg]

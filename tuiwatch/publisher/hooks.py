@@ -31,7 +31,7 @@ from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.deferred import defer, defer_tensor, device_mark
 from tuiwatch.publisher.failures import Failures
-from tuiwatch.publisher.measure import class_count, finiteness_probe, first_tensor, gradient_norm, total_norm
+from tuiwatch.publisher.measure import NO_BATCH, class_count, finiteness_probe, first_tensor, gradient_norm, total_norm
 from tuiwatch.publisher.optimizers import inner_optimizer
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.steps import StepTracker
@@ -139,7 +139,7 @@ class ModelHooks:
         self._before_update: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (moving, their copy)
         self._param_cache: tuple[int, list[torch.Tensor]] = (-1, [])
         self._kept_snapshot: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (moving, buffers)
-        self._classes_reported = False
+        self._classes_decided = False
         self._handles: list[Any] = []
 
     def attach(self) -> None:
@@ -365,10 +365,11 @@ class ModelHooks:
                 dtype = out.dtype  # read once for the test and the probe: each call into torch is a cold one here
                 if dtype.is_floating_point:
                     s.forward_probe = defer(finiteness_probe(out, dtype))
-            if not self._classes_reported:
-                classes = class_count(output)
-                if classes is not None:
-                    self._classes_reported = True
-                    s.classes = classes
+            if not self._classes_decided:
+                # Once, at the first measured forward: the answer does not change, and a regression's would cost a
+                # walk of its batch at every step.
+                self._classes_decided = True
+                kept = tracker.last_batch
+                s.classes = class_count(output, kept.batch if kept is not None and kept.step == s.step else NO_BATCH)
         except Exception:  # noqa: S110 - an output torch cannot sum (a nested tensor of ragged parts): not checked
             pass

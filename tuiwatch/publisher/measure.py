@@ -80,27 +80,49 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
     return logits if isinstance(logits, torch.Tensor) else None
 
 
-def class_count(output: Any) -> int | None:
-    """The class count loss-chance compares with, where the output says it reliably; None otherwise.
+NO_BATCH = object()  # class_count's batch where the step's batch was not seen (a loop without a loader or step(batch=))
 
-    Logits named as such (a ``"logits"`` key, a ``.logits`` attribute, as
-    Hugging Face models return them): their last dimension, whatever their
-    rank ((batch, classes), (batch, time, vocabulary)). Otherwise the first
-    floating tensor of the output (itself, or the first of a tuple or dict
-    that has one) when it is 2-D: (batch, classes). A 4-D map or a 1-D
-    regression output says nothing.
+
+def class_count(output: Any, batch: Any = NO_BATCH) -> int | None:
+    """The class count loss-chance compares with, where the output and the batch say it reliably; None otherwise.
+
+    The width: logits named as such (a ``"logits"`` key, a ``.logits``
+    attribute, as Hugging Face models return them): their last dimension,
+    whatever their rank ((batch, classes), (batch, time, vocabulary)).
+    Otherwise the first floating tensor of the output (itself, or the first of
+    a tuple or dict that has one) when it is 2-D: (batch, classes). A 4-D map
+    or a 1-D regression output says nothing.
+
+    Where the step's batch was seen, it must hold the labels of such a
+    classifier: an integer tensor with one value per row of the output
+    ((batch,) for (batch, classes), (batch, time) or its flat form for
+    (batch, time, vocabulary)). A regression's float targets, soft or
+    multi-hot labels (their loss is not at ln C by chance) do not. A batch
+    that is not seen leaves the width as the only evidence.
     """
     logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor) and logits.is_floating_point() and logits.dim() >= 2:
+        out: torch.Tensor | None = logits
         width = int(logits.shape[-1])
     else:
         values = output.values() if isinstance(output, Mapping) else output if isinstance(output, list | tuple) else ()
         candidates = [output] if isinstance(output, torch.Tensor) else list(values)
-        first = next(
+        out = next(
             (t for t in candidates if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 1), None
         )
-        width = int(first.shape[1]) if first is not None and first.dim() == 2 else 0
-    return width if width >= 2 else None
+        width = int(out.shape[1]) if out is not None and out.dim() == 2 else 0
+    if width < 2 or out is None:
+        return None
+    if batch is NO_BATCH:
+        return width
+    rows = out.numel() // width
+    tensors: list[torch.Tensor] = []
+    _shape_and_tensors(batch, tensors)
+    labelled = any(
+        not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool and t.numel() == rows
+        for t in tensors
+    )
+    return width if labelled else None
 
 
 def _shape_and_tensors(
