@@ -355,6 +355,43 @@ def test_training_in_forked_children_is_not_watched_and_says_so(socket_dir: Path
     assert not (tmp_path / "runs").exists()
 
 
+RAW_TENSORS = """
+import json, sys
+import torch
+torch.manual_seed(0)
+x = torch.randn(256, 3)
+y = x @ torch.tensor([2.0, -1.0, 0.5]) + 0.3
+w = torch.zeros(3, requires_grad=True)  # no nn.Module at all, as tutorials write a regression
+b = torch.zeros(1, requires_grad=True)
+optimizer = torch.optim.SGD([w, b], lr=0.1)
+norms = []
+for _ in range(30):
+    loss = ((x @ w + b - y) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    norms.append(torch.cat([w.grad, b.grad]).norm().item())
+    optimizer.step()
+json.dump(norms, open(sys.argv[1], "w"))
+"""
+
+
+def test_an_optimizer_over_tensors_no_module_holds_has_their_gradient_norms_and_no_alert(
+    socket_dir: Path, tmp_path: Path
+):
+    script, truth = tmp_path / "raw_tensors.py", tmp_path / "norms.json"
+    script.write_text(RAW_TENSORS)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    ledger = ledger_file(tmp_path / "runs")
+    assert (records(ledger, "run")[0]["model"], records(ledger, "run")[0]["params"]) == ("BareTensors", 4)
+    steps = records(ledger, "step")
+    # Each a new Parameter over the tensor's storage (nn.ParameterList), they had no .grad: every norm was
+    # missing and grad-zero said "gradients are missing for 5 optimizer steps" (critical) on a healthy run.
+    assert [s["grad_norm"] for s in steps] == pytest.approx(json.loads(truth.read_text()), rel=1e-5)
+    assert steps[-1]["loss"] < 1e-3
+    assert records(ledger, "alert") == []
+
+
 AT_CHANCE = """
 import torch
 model = torch.nn.Linear(4, 2)

@@ -90,8 +90,19 @@ def find_model(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn
         if best is None or key < best:
             best, found = key, module
     if found is None:  # bare tensors: a module over them, for the norms and the checkpoint
-        found = torch.nn.ParameterList([p for group in optimizer.param_groups for p in group["params"]])
+        found = BareTensors([p for group in optimizer.param_groups for p in group["params"]])
     return found
+
+
+class BareTensors(torch.nn.Module):
+    """The optimizer's tensors that no module holds, themselves: a tutorial's ``w`` and ``b``, SAC's entropy
+    coefficient. ``nn.ParameterList`` made each plain tensor a new ``Parameter`` over its storage, whose ``.grad``
+    backward never fills: every step's gradient norm was missing and ``grad-zero`` said "gradients are missing"."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        super().__init__()
+        for i, t in enumerate(tensors):
+            self._parameters[str(i)] = t  # as torch.nn.utils.parametrize does: register_parameter wants a Parameter
 
 
 def _built_on(optimizer: torch.optim.Optimizer, objects: list[Any]) -> tuple[Any, Any]:
