@@ -102,7 +102,8 @@ class BareTensors(torch.nn.Module):
     def __init__(self, tensors: list[torch.Tensor]):
         super().__init__()
         for i, t in enumerate(tensors):
-            self._parameters[str(i)] = t  # as torch.nn.utils.parametrize does: register_parameter wants a Parameter
+            # As torch.nn.utils.parametrize does: register_parameter wants a Parameter.
+            self._parameters[str(i)] = t  # type: ignore[assignment]
 
 
 def _built_on(optimizer: torch.optim.Optimizer, objects: list[Any]) -> tuple[Any, Any]:
