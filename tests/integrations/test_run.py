@@ -392,6 +392,71 @@ def test_an_optimizer_over_tensors_no_module_holds_has_their_gradient_norms_and_
     assert records(ledger, "alert") == []
 
 
+ROLLOUTS = """import gymnasium as gym
+import torch
+
+torch.manual_seed(0)
+env = gym.make("CartPole-v1")
+env.action_space.seed(0)
+value = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+optimizer = torch.optim.Adam(value.parameters(), lr=1e-2)
+obs, _ = env.reset(seed=0)
+for rollout in range(6):
+    # The policy changes between rollouts (a balancing one, then a random one), so the returns the value head
+    # is fitted to change too, as they do between a policy-gradient method's rollouts.
+    balancing = rollout % 2 == 0
+    states, rewards, dones = [], [], []
+    for _ in range(256):
+        states.append(obs)
+        action = int(obs[2] + obs[3] > 0) if balancing else env.action_space.sample()
+        obs, reward, terminated, truncated, _ = env.step(action)
+        rewards.append(reward)
+        dones.append(terminated or truncated)
+        if terminated or truncated:
+            obs, _ = env.reset()
+    returns, running = [], 0.0
+    for reward, done in zip(reversed(rewards), reversed(dones)):
+        running = reward + 0.95 * running * (not done)
+        returns.append(running)
+    x = torch.tensor(states, dtype=torch.float32)
+    y = torch.tensor(returns[::-1], dtype=torch.float32).unsqueeze(1)
+    for _ in range(100):
+        loss = torch.nn.functional.mse_loss(value(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+"""
+
+
+def test_a_reinforcement_learning_loop_runs_without_the_rules_its_rollouts_set_off_unless_asked(
+    socket_dir: Path, tmp_path: Path
+):
+    pytest.importorskip("gymnasium")
+    script = tmp_path / "rollouts.py"
+    script.write_text(ROLLOUTS)
+
+    def ran(*options: str) -> list[Record]:
+        runs = tmp_path / f"runs{len(options)}"
+        done = run([*TUIWATCH, "--run-dir", str(runs), *options, str(script)], socket_dir)
+        assert done.returncode == 0, done.stderr
+        return records(ledger_file(runs))
+
+    default = ran()
+    run_record = default[0]
+    assert run_record["rules"] == {"loss-spike": False, "grad-explosion": False}
+    assert run_record["rules_note"].startswith("reinforcement learning (gymnasium is imported): loss-spike and ")
+    assert len([r for r in default if r["kind"] == "step"]) == 600
+    assert [r for r in default if r["kind"] == "alert"] == []
+    # The same run with the two rules named: each new rollout's returns (another policy's) are a "spike".
+    named = ran("--rules", '{"loss-spike": true, "grad-explosion": true}')
+    assert (named[0]["rules"], named[0]["rules_note"]) == ({"loss-spike": True, "grad-explosion": True}, None)
+    losses = [r["loss"] for r in named if r["kind"] == "step"]
+    assert losses == [r["loss"] for r in default if r["kind"] == "step"]
+    assert losses[400] > 3 * losses[399]
+    fired = {(a["rule"], a["step"]) for a in named if a["kind"] == "alert" and a["severity"] == "warning"}
+    assert fired == {("loss-spike", 400), ("grad-explosion", 400)}
+
+
 AT_CHANCE = """
 import torch
 model = torch.nn.Linear(4, 2)

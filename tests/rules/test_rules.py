@@ -13,7 +13,7 @@ import pytest
 
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.ledger.records import Record
-from tuiwatch.rules import REGISTRY, Diagnosis, thresholds
+from tuiwatch.rules import REGISTRY, Diagnosis, for_reinforcement_learning, thresholds
 from tuiwatch.rules.loss import LossChance
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
@@ -118,6 +118,17 @@ def test_grad_explosion_needs_history_but_not_for_huge_norms():
 def test_grad_zero_fires_after_five_optimizer_steps_without_gradient(norm: float | None):
     records = [step(i, grad_norm=norm) for i in range(8)]
     assert fired(records, "grad-zero") == [("grad-zero", 4, "critical")]
+
+
+def test_zero_gradients_of_a_zero_loss_are_a_loss_at_its_floor_not_a_broken_graph():
+    # A2C on CartPole once solved (stable-baselines3, under tuiwatch run): returns predicted exactly, loss and
+    # gradients exactly 0.0 for 10 steps; grad-zero said "critical: a detached graph" twice in a healthy run.
+    solved = [step(i, loss=0.0, grad_norm=0.0) for i in range(10)]
+    assert fired([step(i) for i in range(3)] + solved + [step(13)], "grad-zero") == []
+    detached = [step(i, loss=0.7, grad_norm=0.0) for i in range(5)]
+    assert fired(solved[:3] + detached, "grad-zero") == [("grad-zero", 4, "critical")]
+    missing = [step(i, loss=0.0, grad_norm=None) for i in range(5)]  # no .grad at all: broken whatever the loss
+    assert fired(missing, "grad-zero") == [("grad-zero", 4, "critical")]
 
 
 def test_steps_without_an_optimizer_step_are_not_zero_gradients():
@@ -592,3 +603,18 @@ def test_gradscaler_skips_are_info_until_too_many_in_a_row():
     ] + [(13, "critical")]
     assert alerts[-1]["evidence"]["scaler_skips"] == 10
     assert alerts[-1]["message"].startswith("the GradScaler skipped 10 steps in a row (scale now 16)")
+
+
+def test_a_reinforcement_learning_loop_turns_off_the_rules_its_rollouts_set_off_unless_the_config_names_them():
+    off = {"loss-spike": False, "grad-explosion": False}
+    assert for_reinforcement_learning(None) == (off, ["loss-spike", "grad-explosion"])
+    assert for_reinforcement_learning({"data-bound": False}) == ({**off, "data-bound": False}, list(off))
+    named = {"loss-spike": {"ratio": 20}, "grad-explosion": True}
+    assert for_reinforcement_learning(named) == (named, [])
+    assert for_reinforcement_learning({"loss-spike": True}) == (
+        {"grad-explosion": False, "loss-spike": True},
+        ["grad-explosion"],
+    )
+    assert for_reinforcement_learning(["nonfinite", "loss-spike"]) == (["nonfinite", "loss-spike"], [])
+    ids = {r.id for r in Diagnosis(for_reinforcement_learning(None)[0]).rules}
+    assert ids == set(REGISTRY) - set(off)

@@ -40,6 +40,23 @@ def test_the_run_record_and_the_latest_system_record_as_lines():
     assert "resumed from" not in lines  # absent fields are left out, not shown as None
 
 
+@pytest.mark.parametrize(
+    ("rules", "note", "line"),
+    [
+        (None, None, None),  # every rule with its defaults: nothing to say
+        (["nonfinite", "oom"], None, "only nonfinite, oom"),
+        ({"data-bound": False, "loss-chance": {"classes": 10}}, None, "off: data-bound, thresholds set: loss-chance"),
+        (
+            {"loss-spike": False, "grad-explosion": False},
+            "reinforcement learning (gymnasium is imported): ...",
+            "off: loss-spike, grad-explosion; reinforcement learning (gymnasium is imported): ...",
+        ),
+    ],
+)
+def test_the_rules_line_says_which_differ_from_the_defaults_and_why(rules: Any, note: Any, line: str | None):
+    assert dict(run_info({"rules": rules, "rules_note": note}, {})).get("rules") == line
+
+
 def test_a_hostile_or_partial_run_record_gives_safe_lines_and_nothing_made_up():
     run = {
         "name": "evil\x1b]0;owned\x07",

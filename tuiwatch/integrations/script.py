@@ -102,7 +102,7 @@ class BareTensors(torch.nn.Module):
     def __init__(self, tensors: list[torch.Tensor]):
         super().__init__()
         for i, t in enumerate(tensors):
-            # As torch.nn.utils.parametrize does: register_parameter wants a Parameter.
+            # register_parameter takes only a Parameter; the table takes any tensor (as torch.func's accessor does).
             self._parameters[str(i)] = t  # type: ignore[assignment]
 
 

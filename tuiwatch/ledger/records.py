@@ -54,7 +54,8 @@ class RunRecord(TypedDict):
     update_norm_every: int
     param_norm_every: int
     on_nonfinite: str
-    rules: list[str] | dict[str, Any] | None  # Watch(rules=...) as given (None: every rule, its defaults)
+    rules: list[str] | dict[str, Any] | None  # Watch(rules=...) as run (None: every rule, its defaults)
+    rules_note: str | None  # what the loop's kind changed in them (reinforcement learning), else None
     step_per: str  # "batch" or "optimizer": what one step is
     resumed_from: dict[str, Any] | None  # Watch(resume_from=...): the checkpoint and the run that wrote it
     integration: dict[str, Any] | None  # what an integration (tuiwatch run, a callback) sees and does not

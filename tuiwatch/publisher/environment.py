@@ -15,6 +15,14 @@ import torch
 
 from tuiwatch._version import __version__
 
+# The environment libraries whose import makes a process a reinforcement-learning loop (rules/__init__.py).
+RL_ENVIRONMENTS = ("gymnasium", "gym")
+
+
+def reinforcement_learning() -> str | None:
+    """The environment library this process has imported, if any: the loop trains a policy on rollouts."""
+    return next((name for name in RL_ENVIRONMENTS if name in sys.modules), None)
+
 
 def versions() -> dict[str, Any]:
     """python, torch, numpy, tuiwatch, CUDA and cuDNN (None where absent)."""

@@ -24,7 +24,7 @@ from torch.nn.parameter import is_lazy
 
 from tuiwatch.ledger.ranks import rank_ledgers
 from tuiwatch.ledger.records import END_REASONS
-from tuiwatch.publisher import process, resume
+from tuiwatch.publisher import environment, process, resume
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 from tuiwatch.publisher.commands import CommandRunner
 from tuiwatch.publisher.deferred import defer
@@ -38,7 +38,7 @@ from tuiwatch.publisher.run_record import default_name, start_line
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
 from tuiwatch.publisher.steps import StepTracker, add_metrics, set_aside
-from tuiwatch.rules import Diagnosis, RulesConfig, rules_as_data
+from tuiwatch.rules import Diagnosis, RulesConfig, for_reinforcement_learning, rules_as_data
 from tuiwatch.wire.tcp import tcp_option
 
 T = TypeVar("T")
@@ -95,6 +95,7 @@ class Watch:
             raise ValueError(f"run_id must be a non-empty string shared by the job's ranks, got {run_id!r}")
         tcp_address = tcp_option(tcp)  # a bad address is refused before anything is created
         rules = rules_as_data(rules)  # as the run record keeps it, for report to replay the same rules
+        rules, rules_note = _rules_for_this_loop(rules)
         diagnosis = Diagnosis(rules)  # raises for an unknown rule id, before anything is created
         self._parts = resume.Trainables(model, optimizer, scheduler, scaler)
         saved = None
@@ -147,6 +148,7 @@ class Watch:
                 "param_norm_every": self.param_norm_every,
                 "on_nonfinite": on_nonfinite,
                 "rules": rules,
+                "rules_note": rules_note,
                 "step_per": step_per,
                 "resumed_from": None if saved is None else resume.link(saved),
                 "integration": integration,
@@ -512,6 +514,22 @@ class Watch:
     def _forked_child(self) -> None:
         self._tracker.off = True
         self._pipeline.abandon_after_fork()
+
+
+def _rules_for_this_loop(
+    rules: list[str] | dict[str, Any] | None,
+) -> tuple[list[str] | dict[str, Any] | None, str | None]:
+    """The rules a loop of this kind runs, and a note of what its kind changed (None when nothing)."""
+    library = environment.reinforcement_learning()
+    if library is None:
+        return rules, None
+    rules, off = for_reinforcement_learning(rules)
+    if not off:
+        return rules, None
+    return rules, (
+        f"reinforcement learning ({library} is imported): {' and '.join(off)} off, as a policy's loss and gradients "
+        "jump with each new rollout; rules={...: True} turns one on"
+    )
 
 
 def _check_arguments(model: Any, optimizer: Any, *, on_nonfinite: str, stop: str, every: Any, step_per: str) -> None:

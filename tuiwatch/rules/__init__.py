@@ -59,6 +59,25 @@ def rules_as_data(config: RulesConfig | None) -> list[str] | dict[str, Any] | No
     return list(config)
 
 
+# Off by default in a reinforcement-learning loop, where the config does not name them (docs/rules.md): a policy's
+# loss and gradients are not a descent to a floor, and they jump with every new rollout (PPO, A2C) or
+# target-network update (DQN), many times in a healthy run.
+NOT_FOR_REINFORCEMENT_LEARNING = ("loss-spike", "grad-explosion")
+
+
+def for_reinforcement_learning(
+    config: list[str] | dict[str, Any] | None,
+) -> tuple[list[str] | dict[str, Any] | None, list[str]]:
+    """``config`` (as :func:`rules_as_data` gives it) for a reinforcement-learning loop, and the rules this turned
+    off: those of :data:`NOT_FOR_REINFORCEMENT_LEARNING` it does not name. A list of ids is the user's whole
+    choice, and stays."""
+    if isinstance(config, list):
+        return config, []
+    given = config or {}
+    off = [r for r in NOT_FOR_REINFORCEMENT_LEARNING if r not in given]
+    return {**dict.fromkeys(off, False), **given}, off
+
+
 def _plain(value: Any) -> Any:
     """A threshold as JSON writes it: a numpy scalar as the int or float it holds (others as they are)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -88,6 +88,10 @@ class GradZero(Rule):
         if record.get("opt_step") is None:
             return None
         norm = record.get("grad_norm")
+        if norm == 0 and record.get("loss") == 0:
+            # Nothing to learn from, not a broken graph: a loss at its floor has no gradient (a solved CartPole under
+            # A2C, its returns predicted exactly; a classifier whose margins underflow its loss to 0.0).
+            return None
         self.run = self.run + 1 if norm is None or norm == 0 else 0
         if self.run < self.steps:
             return None

@@ -41,6 +41,7 @@ def run_info(run: Mapping[str, Any], system: Mapping[str, Any]) -> list[tuple[st
     add("device", _joined(run.get("device"), _memory(run.get("mem_total"))))
     add("versions", _versions(run))
     add("watch", _settings(run))
+    add("rules", _rules(run.get("rules"), run.get("rules_note")))
     resumed = run.get("resumed_from")
     if isinstance(resumed, Mapping):
         add("resumed from", _joined(resumed.get("checkpoint"), f"step {resumed.get('step')}"))
@@ -82,6 +83,20 @@ def _versions(run: Mapping[str, Any]) -> str | None:
 def _settings(run: Mapping[str, Any]) -> str | None:
     keys = ("every", "step_per", "on_nonfinite", "update_norm_every", "param_norm_every")
     return _joined(*(f"{key}={run[key]}" for key in keys if run.get(key) is not None))
+
+
+def _rules(rules: Any, note: Any) -> str | None:
+    """Which rules differ from the defaults (all fourteen with theirs: nothing to say), and why, when the run said."""
+    text: str | None = None
+    if isinstance(rules, list):
+        text = "only " + ", ".join(str(r) for r in rules) if rules else "none"
+    elif isinstance(rules, Mapping):
+        off = [str(r) for r, v in rules.items() if v is False]
+        tuned = [str(r) for r, v in rules.items() if isinstance(v, Mapping) and v]
+        text = _joined(
+            "off: " + ", ".join(off) if off else None, "thresholds set: " + ", ".join(tuned) if tuned else None
+        )
+    return "; ".join(str(part) for part in (text, note) if part) or None
 
 
 def _process(system: Mapping[str, Any]) -> str | None:
