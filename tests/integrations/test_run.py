@@ -457,6 +457,48 @@ def test_a_reinforcement_learning_loop_runs_without_the_rules_its_rollouts_set_o
     assert fired == {("loss-spike", 400), ("grad-explosion", 400)}
 
 
+REGRESSION_IN_A_CLOSURE = """import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+g = torch.Generator().manual_seed(0)
+torch.manual_seed(0)
+x = torch.randn(20000, 8, generator=g)
+y = x @ (0.3 * torch.randn(8, 2, generator=g)) + 0.7**0.5 * torch.randn(20000, 2, generator=g)
+model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+loader = DataLoader(TensorDataset(x, y), batch_size=256, shuffle=True, generator=g)
+for epoch in range(4):
+    for xb, yb in loader:
+        def closure():  # as skorch trains: the forward inside optimizer.step
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            loss.backward()
+            return loss
+        optimizer.step(closure)
+"""
+
+
+def test_a_regression_whose_forward_runs_in_the_first_steps_closure_gets_no_class_count(
+    socket_dir: Path, tmp_path: Path
+):
+    # A healthy two-output regression (its MSE settles near ln 2), trained as skorch trains: the forward inside
+    # optimizer.step(closure). The Watch is made in that first step, after its batch was drawn, and its forward
+    # came with no batch to tell a regression by: the width made it 2 classes, and loss-chance fired at step 211.
+    script = tmp_path / "regression.py"
+    script.write_text(REGRESSION_IN_A_CLOSURE)
+    done = run(
+        [*TUIWATCH, "--run-dir", str(tmp_path / "runs"), "--rules", '{"data-bound": false}', str(script)], socket_dir
+    )
+    assert done.returncode == 0, done.stderr
+    ledger = ledger_file(tmp_path / "runs")
+    steps = records(ledger, "step")
+    assert len(steps) == 316
+    assert steps[0]["batch_shape"] is None
+    assert steps[1]["batch_shape"] == [[256, 8], [256, 2]]
+    assert [s["step"] for s in steps if "classes" in s] == []
+    assert records(ledger, "alert") == []
+
+
 AT_CHANCE = """
 import torch
 model = torch.nn.Linear(4, 2)

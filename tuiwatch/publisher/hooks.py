@@ -140,6 +140,7 @@ class ModelHooks:
         self._param_cache: tuple[int, list[torch.Tensor]] = (-1, [])
         self._kept_snapshot: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (moving, buffers)
         self._classes_decided = False
+        self._classes_waited = False  # one measured step's forward went by without its batch
         self._handles: list[Any] = []
 
     def attach(self) -> None:
@@ -238,6 +239,22 @@ class ModelHooks:
         with torch.no_grad():
             torch._foreach_sub_(before, moving)  # in place: -(the update), whose norm is the update's
             return total_norm(before)
+
+    def _decide_classes(self, s: StepState, output: Any) -> None:
+        """The class count, once: with the step's batch where it was seen, else from the output alone at the second
+        step without one (tuiwatch run's first step never has its batch, drawn before the Watch was made: skorch's
+        classifier has its forward there, inside optimizer.step(closure)). A regression's answer would cost a walk
+        of its batch at every step."""
+        kept = self.tracker.last_batch
+        if kept is not None and kept.step == s.step:
+            batch = kept.batch
+        elif self._classes_waited:
+            batch = NO_BATCH
+        else:
+            self._classes_waited = True
+            return
+        self._classes_decided = True
+        s.classes = class_count(output, batch)
 
     def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         tracker = self.tracker
@@ -366,10 +383,6 @@ class ModelHooks:
                 if dtype.is_floating_point:
                     s.forward_probe = defer(finiteness_probe(out, dtype))
             if not self._classes_decided:
-                # Once, at the first measured forward: the answer does not change, and a regression's would cost a
-                # walk of its batch at every step.
-                self._classes_decided = True
-                kept = tracker.last_batch
-                s.classes = class_count(output, kept.batch if kept is not None and kept.step == s.step else NO_BATCH)
+                self._decide_classes(s, output)
         except Exception:  # noqa: S110 - an output torch cannot sum (a nested tensor of ragged parts): not checked
             pass
