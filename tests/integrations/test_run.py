@@ -319,6 +319,88 @@ def test_a_gan_records_the_first_optimizers_loss_without_the_others(socket_dir: 
     assert [s["loss"] for s in steps] == pytest.approx([err_d for err_d, _ in truth], rel=1e-6)
 
 
+SAC_SHAPED = """
+import json, sys
+import torch
+from torch import nn
+
+class Policy(nn.Module):  # stable-baselines3's SACPolicy: an actor and a critic, each with its own optimizer
+    def __init__(self):
+        super().__init__()
+        self.actor = nn.Sequential(nn.Linear(3, 16), nn.ReLU(), nn.Linear(16, 1), nn.Tanh())
+        self.critic = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+
+torch.manual_seed(0)
+policy = Policy()
+log_alpha = torch.zeros(1, requires_grad=True)  # the entropy coefficient: a plain tensor no module holds
+alpha_optimizer = torch.optim.Adam([log_alpha], lr=3e-4)
+critic_optimizer = torch.optim.Adam(policy.critic.parameters(), lr=3e-4)
+actor_optimizer = torch.optim.Adam(policy.actor.parameters(), lr=3e-4)
+truth = []
+for _ in range(12):
+    obs, reward = torch.randn(32, 3), torch.randn(32, 1)
+    action = policy.actor(obs)
+    alpha_loss = -(log_alpha * (action.detach().abs() - 1.0)).mean()  # SAC steps this one first
+    alpha_optimizer.zero_grad()
+    alpha_loss.backward()
+    alpha_optimizer.step()
+    critic_loss = (policy.critic(torch.cat([obs, action.detach()], 1)) - reward).pow(2).mean()
+    critic_optimizer.zero_grad()
+    critic_loss.backward()
+    norm = torch.cat([p.grad.flatten() for p in policy.critic.parameters()]).norm().item()
+    critic_optimizer.step()
+    actor_loss = -policy.critic(torch.cat([obs, policy.actor(obs)], 1)).mean()
+    actor_optimizer.zero_grad()
+    actor_loss.backward()  # its gradients stay on the actor until its next zero_grad
+    actor_optimizer.step()
+    truth.append([critic_loss.item(), norm])
+json.dump(truth, open(sys.argv[1], "w"))
+"""
+
+
+def test_sac_is_watched_by_its_critics_optimizer_over_the_critic_alone(socket_dir: Path, tmp_path: Path):
+    """The entropy coefficient's optimizer steps first but holds one plain tensor: the next optimizer is watched.
+    Its parameters are the critic's, inside a policy that holds the actor too: the norms are the critic's, not the
+    policy's with the actor's gradients left from its last step in them."""
+    script, truth_file = tmp_path / "sac_shaped.py", tmp_path / "truth.json"
+    script.write_text(SAC_SHAPED)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth_file)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    truth = json.loads(truth_file.read_text())
+    ledger = ledger_file(tmp_path / "runs")
+    assert (records(ledger, "run")[0]["model"], records(ledger, "run")[0]["params"]) == ("Sequential", 97)
+    steps = records(ledger, "step")
+    assert len(steps) == len(truth) == 12
+    assert [s["loss"] for s in steps] == pytest.approx([loss for loss, _ in truth], rel=1e-6)
+    assert [s["grad_norm"] for s in steps] == pytest.approx([norm for _, norm in truth], rel=1e-5)
+    assert records(ledger, "alert") == []
+
+
+BARE_FIRST_MODULE_LATER = """
+import torch
+scale = torch.ones(1, requires_grad=True)
+model = torch.nn.Linear(4, 1)
+scale_optimizer = torch.optim.SGD([scale], lr=0.01)
+model_optimizer = torch.optim.SGD(model.parameters(), lr=0.01)  # made for later, never stepped here
+for _ in range(6):
+    loss = (scale * torch.randn(8)).pow(2).mean()
+    scale_optimizer.zero_grad()
+    loss.backward()
+    scale_optimizer.step()
+"""
+
+
+def test_a_bare_tensors_optimizer_passed_over_is_watched_when_it_steps_again_first(socket_dir: Path, tmp_path: Path):
+    script = tmp_path / "bare_first.py"
+    script.write_text(BARE_FIRST_MODULE_LATER)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    ledger = ledger_file(tmp_path / "runs")
+    assert records(ledger, "run")[0]["model"] == "BareTensors"
+    assert len(records(ledger, "step")) == 5  # from its second step: the first was passed over
+    assert all(s["grad_norm"] > 0 for s in records(ledger, "step"))
+
+
 HOGWILD_SHAPED = """
 import torch
 import torch.multiprocessing as mp

@@ -76,22 +76,60 @@ def _roots(modules: list[torch.nn.Module]) -> list[torch.nn.Module]:
 
 
 def find_model(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn.Module:
-    """The outermost module holding the optimizer's parameters; a wrapper of them when no module does."""
+    """The outermost module holding the optimizer's parameters; a wrapper of them when no module does.
+
+    Where that module also holds parameters another optimizer steps (stable-baselines3's SACPolicy holds an
+    actor and a critic, each with its own optimizer), the outermost module inside it that holds as many of this
+    optimizer's and none of theirs: the norms are of the parameters this optimizer steps, not of the actor's
+    gradients left from its last step.
+    """
     wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    best: tuple[int, int] | None = None
-    found: torch.nn.Module | None = None
+    stepped = {
+        id(p)
+        for o in objects
+        if issubclass(type(o), torch.optim.Optimizer) and o is not optimizer
+        for group in o.param_groups
+        for p in group["params"]
+    } - wanted
     # type(), not isinstance(): some module-level objects warn when their __class__ is read.
-    for module in _roots([o for o in objects if issubclass(type(o), torch.nn.Module)]):
+    modules = [o for o in objects if issubclass(type(o), torch.nn.Module)]
+    found, key = _most_of(_roots(modules), wanted, stepped)
+    if found is not None and key[1]:
+        inner, inner_key = _most_of(modules, wanted, stepped)
+        if inner is not None and inner_key[:2] == (key[0], 0):
+            found = inner
+    if found is None:  # bare tensors: a module over them, for the norms and the checkpoint
+        found = BareTensors([p for group in optimizer.param_groups for p in group["params"]])
+    return found
+
+
+def _most_of(
+    modules: list[torch.nn.Module], wanted: set[int], stepped: set[int]
+) -> tuple[torch.nn.Module | None, tuple[int, int, int]]:
+    """The module holding the most of ``wanted``, then the fewest that another optimizer steps (``stepped``), then
+    the fewest of anyone else's; of modules that tie (a wrapper and the module it wraps), the outermost."""
+    best: tuple[int, int, int] = (0, 0, 0)
+    tied: list[torch.nn.Module] = []
+    for module in modules:
         held = {id(p) for p in module.parameters()}
         covered = len(wanted & held)
         if not covered:
             continue
-        key = (-covered, len(held) - covered)  # most of the optimizer's, then fewest of anyone else's
-        if best is None or key < best:
-            best, found = key, module
-    if found is None:  # bare tensors: a module over them, for the norms and the checkpoint
-        found = BareTensors([p for group in optimizer.param_groups for p in group["params"]])
-    return found
+        key = (-covered, len(held & stepped), len(held) - covered)
+        if not tied or key < best:
+            best, tied = key, [module]
+        elif key == best:
+            tied.append(module)
+    return (_roots(tied)[0] if tied else None), best
+
+
+def _another_holds_a_module(optimizer: torch.optim.Optimizer, objects: list[Any]) -> bool:
+    """Whether an optimizer other than ``optimizer`` holds parameters of a module."""
+    others = [o for o in objects if issubclass(type(o), torch.optim.Optimizer) and o is not optimizer]
+    if not others:
+        return False
+    held = {id(p) for o in objects if issubclass(type(o), torch.nn.Module) for p in o.parameters(recurse=False)}
+    return any(id(p) in held for o in others for group in o.param_groups for p in group["params"])
 
 
 class BareTensors(torch.nn.Module):
@@ -171,6 +209,7 @@ class ScriptWatch:
         self._steps_ended = 0
         self._forward_hook: Any = None
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
+        self._passed: set[int] = set()  # optimizers over bare tensors left for one over a module's parameters
         self._undo: list[Callable[[], None]] = []
 
     # --- installing ------------------------------------------------------------------
@@ -235,9 +274,19 @@ class ScriptWatch:
             self.loss.enabled = False
             print("tuiwatch run: the script makes a Watch of its own; tuiwatch run adds none", file=sys.stderr)
             return
-        self.optimizer = optimizer
-        objects = gc.get_objects()  # once: what the script built, to find its model, scheduler and scaler
+        objects = gc.get_objects()  # what the script built, to find its model, scheduler and scaler
         model = find_model(optimizer, objects)
+        if (
+            isinstance(model, BareTensors)
+            and id(optimizer) not in self._passed
+            and _another_holds_a_module(optimizer, objects)
+        ):
+            # SAC (stable-baselines3) steps its entropy coefficient's optimizer, over one plain tensor, before its
+            # critic's and actor's: a run of one parameter. The next optimizer is watched instead, or this one if
+            # it steps again first.
+            self._passed.add(id(optimizer))
+            return
+        self.optimizer = optimizer
         scheduler, scaler = _built_on(optimizer, objects)
         del objects
         integration = {
@@ -268,6 +317,8 @@ class ScriptWatch:
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         watch = self.watch
         if watch is None:
+            if id(optimizer) in self._passed:
+                self.loss.take()  # what it stepped on is not the loss of the step the Watch will start in
             return
         if optimizer is not self.optimizer:
             # Another optimizer (a GAN's generator's) stepped on what was backpropagated since ours did: not our loss.
