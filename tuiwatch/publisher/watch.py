@@ -370,7 +370,11 @@ class Watch:
     def validation(self) -> Iterator[Watch]:
         """Logs inside this block form one ``eval`` record at the current step; its time is not the step's compute."""
         tracker = self._tracker
-        state = EvalState(step=max(tracker.step - 1, 0), epoch=max(tracker.epoch, 0))
+        # The last step that trained: at the top of an open step (nanoGPT's place, after the boundary and before
+        # the step's forward) that is the step before it, whose weights the evaluation sees.
+        s = tracker.cur
+        before_its_work = s is not None and s.forwards == 0 and s.opt_start is None
+        state = EvalState(step=max(tracker.step - 1 - before_its_work, 0), epoch=max(tracker.epoch, 0))
         tracker.eval = state
         entered = time.perf_counter()
         try:
