@@ -530,7 +530,7 @@ def test_a_reinforcement_learning_loop_runs_without_the_rules_its_rollouts_set_o
     default = ran()
     run_record = default[0]
     assert run_record["rules"] == {"loss-spike": False, "grad-explosion": False}
-    assert run_record["rules_note"].startswith("reinforcement learning (gymnasium is imported): loss-spike and ")
+    assert run_record["rules_note"].startswith("reinforcement learning (gymnasium is imported): a policy's loss")
     assert len([r for r in default if r["kind"] == "step"]) == 600
     assert [r for r in default if r["kind"] == "alert"] == []
     # The same run with the two rules named: each new rollout's returns (another policy's) are a "spike".

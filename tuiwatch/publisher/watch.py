@@ -530,9 +530,10 @@ def _rules_for_this_loop(
     rules, off = for_reinforcement_learning(rules)
     if not off:
         return rules, None
+    # The rules it turned off are in ``rules`` (false): the note says why, as the viewer's i shows them together.
     return rules, (
-        f"reinforcement learning ({library} is imported): {' and '.join(off)} off, as a policy's loss and gradients "
-        "jump with each new rollout; rules={...: True} turns one on"
+        f"reinforcement learning ({library} is imported): a policy's loss and gradients jump with each new rollout; "
+        "rules={...: True} turns one back on"
     )
 
 
