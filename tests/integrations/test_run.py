@@ -33,6 +33,15 @@ def watched(run_root: Path, socket_dir: Path, *args: str) -> subprocess.Complete
     return run([*TUIWATCH, "--run-dir", str(run_root), str(SCRIPT), *args], socket_dir)
 
 
+def run_source(source: str, tmp_path: Path, socket_dir: Path, *args: str, options: tuple[str, ...] = ()) -> Path:
+    """``source`` written as a script and run under ``tuiwatch run`` with ``args``; it must succeed: its ledger."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), *options, str(script), *args], socket_dir)
+    assert done.returncode == 0, done.stderr
+    return ledger_file(tmp_path / "runs")
+
+
 def test_the_script_prints_and_exits_as_under_python_and_the_ledger_has_every_step(
     run_root: Path, socket_dir: Path, tmp_path: Path
 ):
@@ -254,12 +263,9 @@ json.dump(evals, open(sys.argv[1], "w"))
 def test_a_loop_without_a_loader_opens_its_steps_at_the_training_forward(socket_dir: Path, tmp_path: Path):
     """nanoGPT's loop draws no DataLoader batch and evaluates at the top of its loop: that evaluation (0.2 s here)
     is no step's compute time. Before, each step began where the last ended and took the evaluation in."""
-    script, truth = tmp_path / "nanogpt_shaped.py", tmp_path / "evals.json"
-    script.write_text(NANOGPT_SHAPED)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth)], socket_dir)
-    assert done.returncode == 0, done.stderr
+    truth = tmp_path / "evals.json"
+    steps = records(run_source(NANOGPT_SHAPED, tmp_path, socket_dir, str(truth)), "step")
     evals = {int(k): v for k, v in json.loads(truth.read_text()).items()}
-    steps = records(ledger_file(tmp_path / "runs"), "step")
     assert [s["step"] for s in steps] == list(range(12))  # each iteration one step; the evaluations none
     # Step 0 is the Watch's first (made inside it); from step 1 on, a step is its forward, backward and update.
     for it in (4, 8):
@@ -308,12 +314,9 @@ json.dump(truth, open(sys.argv[1], "w"))
 def test_a_gan_records_the_first_optimizers_loss_without_the_others(socket_dir: Path, tmp_path: Path):
     """dcgan's loop: the discriminator's optimizer steps first and is watched; the generator's loss, backpropagated
     after it and stepped on by the other optimizer, is not summed into the next discriminator step's."""
-    script, truth_file = tmp_path / "dcgan_shaped.py", tmp_path / "truth.json"
-    script.write_text(DCGAN_SHAPED)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth_file)], socket_dir)
-    assert done.returncode == 0, done.stderr
+    truth_file = tmp_path / "truth.json"
+    ledger = run_source(DCGAN_SHAPED, tmp_path, socket_dir, str(truth_file))
     truth = json.loads(truth_file.read_text())
-    ledger = ledger_file(tmp_path / "runs")
     assert records(ledger, "run")[0]["model"] == "Sequential"
     steps = records(ledger, "step")
     assert len(steps) == len(truth) == 8
@@ -363,12 +366,9 @@ def test_sac_is_watched_by_its_critics_optimizer_over_the_critic_alone(socket_di
     """The entropy coefficient's optimizer steps first but holds one plain tensor: the next optimizer is watched.
     Its parameters are the critic's, inside a policy that holds the actor too: the norms are the critic's, not the
     policy's with the actor's gradients left from its last step in them."""
-    script, truth_file = tmp_path / "sac_shaped.py", tmp_path / "truth.json"
-    script.write_text(SAC_SHAPED)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth_file)], socket_dir)
-    assert done.returncode == 0, done.stderr
+    truth_file = tmp_path / "truth.json"
+    ledger = run_source(SAC_SHAPED, tmp_path, socket_dir, str(truth_file))
     truth = json.loads(truth_file.read_text())
-    ledger = ledger_file(tmp_path / "runs")
     assert (records(ledger, "run")[0]["model"], records(ledger, "run")[0]["params"]) == ("Sequential", 97)
     steps = records(ledger, "step")
     assert len(steps) == len(truth) == 12
@@ -392,11 +392,7 @@ for _ in range(6):
 
 
 def test_a_bare_tensors_optimizer_passed_over_is_watched_when_it_steps_again_first(socket_dir: Path, tmp_path: Path):
-    script = tmp_path / "bare_first.py"
-    script.write_text(BARE_FIRST_MODULE_LATER)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script)], socket_dir)
-    assert done.returncode == 0, done.stderr
-    ledger = ledger_file(tmp_path / "runs")
+    ledger = run_source(BARE_FIRST_MODULE_LATER, tmp_path, socket_dir)
     assert records(ledger, "run")[0]["model"] == "BareTensors"
     assert len(records(ledger, "step")) == 5  # from its second step: the first was passed over
     assert all(s["grad_norm"] > 0 for s in records(ledger, "step"))
@@ -461,11 +457,8 @@ json.dump(norms, open(sys.argv[1], "w"))
 def test_an_optimizer_over_tensors_no_module_holds_has_their_gradient_norms_and_no_alert(
     socket_dir: Path, tmp_path: Path
 ):
-    script, truth = tmp_path / "raw_tensors.py", tmp_path / "norms.json"
-    script.write_text(RAW_TENSORS)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth)], socket_dir)
-    assert done.returncode == 0, done.stderr
-    ledger = ledger_file(tmp_path / "runs")
+    truth = tmp_path / "norms.json"
+    ledger = run_source(RAW_TENSORS, tmp_path, socket_dir, str(truth))
     assert (records(ledger, "run")[0]["model"], records(ledger, "run")[0]["params"]) == ("BareTensors", 4)
     steps = records(ledger, "step")
     # Each a new Parameter over the tensor's storage (nn.ParameterList), they had no .grad: every norm was
@@ -570,13 +563,7 @@ def test_a_regression_whose_forward_runs_in_the_first_steps_closure_gets_no_clas
     # A healthy two-output regression (its MSE settles near ln 2), trained as skorch trains: the forward inside
     # optimizer.step(closure). The Watch is made in that first step, after its batch was drawn, and its forward
     # came with no batch to tell a regression by: the width made it 2 classes, and loss-chance fired at step 211.
-    script = tmp_path / "regression.py"
-    script.write_text(REGRESSION_IN_A_CLOSURE)
-    done = run(
-        [*TUIWATCH, "--run-dir", str(tmp_path / "runs"), "--rules", '{"data-bound": false}', str(script)], socket_dir
-    )
-    assert done.returncode == 0, done.stderr
-    ledger = ledger_file(tmp_path / "runs")
+    ledger = run_source(REGRESSION_IN_A_CLOSURE, tmp_path, socket_dir, options=("--rules", '{"data-bound": false}'))
     steps = records(ledger, "step")
     assert len(steps) == 316
     assert steps[0]["batch_shape"] is None
@@ -669,13 +656,10 @@ json.dump(seen, open(sys.argv[1], "w"))
 def test_an_adapter_that_draws_one_batch_ahead_gives_each_step_the_batch_it_trained_on(
     socket_dir: Path, tmp_path: Path
 ):
-    script, truth = tmp_path / "one_ahead.py", tmp_path / "seen.json"
-    script.write_text(ONE_AHEAD)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), str(truth)], socket_dir)
-    assert done.returncode == 0, done.stderr
+    truth = tmp_path / "seen.json"
+    steps = records(run_source(ONE_AHEAD, tmp_path, socket_dir, str(truth)), "step")
     seen = json.loads(truth.read_text())
     assert len(seen) == 10 + 8  # 40 samples in 4s, then the same less the two skipped
-    steps = records(ledger_file(tmp_path / "runs"), "step")
     assert [s["batch_ids"] for s in steps[1:]] == seen[1:]  # (step 0's batch came before the Watch)
     assert [s["epoch"] for s in steps[1:]] == [0] * 9 + [1] * 8
 
