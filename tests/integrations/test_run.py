@@ -33,13 +33,15 @@ def watched(run_root: Path, socket_dir: Path, *args: str) -> subprocess.Complete
     return run([*TUIWATCH, "--run-dir", str(run_root), str(SCRIPT), *args], socket_dir)
 
 
-def run_source(source: str, tmp_path: Path, socket_dir: Path, *args: str, options: tuple[str, ...] = ()) -> Path:
+def run_source(
+    source: str, tmp_path: Path, socket_dir: Path, *args: str, options: tuple[str, ...] = (), runs: str = "runs"
+) -> Path:
     """``source`` written as a script and run under ``tuiwatch run`` with ``args``; it must succeed: its ledger."""
     script = tmp_path / "script.py"
     script.write_text(source)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), *options, str(script), *args], socket_dir)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / runs), *options, str(script), *args], socket_dir)
     assert done.returncode == 0, done.stderr
-    return ledger_file(tmp_path / "runs")
+    return ledger_file(tmp_path / runs)
 
 
 def test_the_script_prints_and_exits_as_under_python_and_the_ledger_has_every_step(
@@ -511,14 +513,9 @@ def test_a_reinforcement_learning_loop_runs_without_the_rules_its_rollouts_set_o
     # learning one (loss-spike off: a test of its dumps failed so).
     if importlib.util.find_spec("gymnasium") is None:
         pytest.skip("needs gymnasium")
-    script = tmp_path / "rollouts.py"
-    script.write_text(ROLLOUTS)
 
     def ran(*options: str) -> list[Record]:
-        runs = tmp_path / f"runs{len(options)}"
-        done = run([*TUIWATCH, "--run-dir", str(runs), *options, str(script)], socket_dir)
-        assert done.returncode == 0, done.stderr
-        return records(ledger_file(runs))
+        return records(run_source(ROLLOUTS, tmp_path, socket_dir, options=options, runs=f"runs{len(options)}"))
 
     default = ran()
     run_record = default[0]
