@@ -83,3 +83,14 @@ def test_a_short_runs_length_is_given_to_a_tenth_of_a_second_and_a_long_ones_in_
         next(x for x in as_text(summarize(run(s))).splitlines() if x.startswith("steps")) for s in (0.94, 12.7, 125)
     ]
     assert lines == ["steps      1 in 0.9s, 0 evals", "steps      1 in 12s, 0 evals", "steps      1 in 2m05s, 0 evals"]
+
+
+def test_the_rules_a_run_turned_off_are_said_with_the_reason_it_gave():
+    note = "reinforcement learning (gymnasium is imported): a policy's loss and gradients jump with each new rollout"
+    run = {"kind": "run", "t": 0.0, "name": "ppo", "rules": {"loss-spike": False, "grad-explosion": False}}
+    steps = [{"kind": "step", "t": float(i), "step": i, "loss": 10.0 if i == 30 else 1.0} for i in range(60)]
+    summary = summarize([{**run, "rules_note": note}, *steps])
+    assert summary["alerts"] == {}  # loss-spike did not run, so the replay does not raise it either
+    lines = as_text(summary).splitlines()
+    assert lines[lines.index("alerts     none") + 1] == f"rules      off: loss-spike, grad-explosion; {note}"
+    assert not any(x.startswith("rules") for x in as_text(summarize([{**run, "rules": None}, *steps])).splitlines())

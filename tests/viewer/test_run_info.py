@@ -45,7 +45,7 @@ def test_the_run_record_and_the_latest_system_record_as_lines():
     [
         (None, None, None),  # every rule with its defaults: nothing to say
         (["nonfinite", "oom"], None, "only nonfinite, oom"),
-        ({"data-bound": False, "loss-chance": {"classes": 10}}, None, "off: data-bound, thresholds set: loss-chance"),
+        ({"data-bound": False, "loss-chance": {"classes": 10}}, None, "off: data-bound; thresholds set: loss-chance"),
         (
             {"loss-spike": False, "grad-explosion": False},
             "reinforcement learning (gymnasium is imported): ...",

@@ -9,6 +9,7 @@ cannot format as ``-``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -129,3 +130,21 @@ def with_unit(value: Any, unit: str) -> str:
     """``71°C``, ``250W``; ``-°C`` when there is no reading."""
     v = finite(value)
     return f"-{unit}" if v is None else f"{v:.0f}{unit}"
+
+
+def rules_text(rules: Any, note: Any) -> str | None:
+    """A run record's ``rules`` as what differs from the defaults (every rule with its own: None), and
+    ``rules_note``, why, where the run said."""
+    parts: list[str] = []
+    if isinstance(rules, list):
+        parts.append("only " + ", ".join(str(r) for r in rules) if rules else "none")
+    elif isinstance(rules, Mapping):
+        off = [str(r) for r, v in rules.items() if v is False]
+        tuned = [str(r) for r, v in rules.items() if isinstance(v, Mapping) and v]
+        if off:
+            parts.append("off: " + ", ".join(off))
+        if tuned:
+            parts.append("thresholds set: " + ", ".join(tuned))
+    if note:
+        parts.append(str(note))
+    return "; ".join(parts) or None

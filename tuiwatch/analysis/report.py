@@ -7,7 +7,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from tuiwatch.analysis.format import duration, number, safe, size
+from tuiwatch.analysis.format import duration, number, rules_text, safe, size
 from tuiwatch.ledger.chain import RunChain
 from tuiwatch.ledger.fields import finite, integer, num
 from tuiwatch.ledger.records import EVAL_FIELDS, Record
@@ -203,6 +203,7 @@ class _Summary:
             "peak_rss_bytes": self.peak_rss,
             "nonfinite_steps": self.nonfinite_steps,
             "alerts": self.alerts,
+            "rules": rules_text(self.run.get("rules"), self.run.get("rules_note")),
             "end": None if self.end is None else self.end.get("reason"),
             "skipped_lines": skipped,
             "missing_records": self.missing,
@@ -271,6 +272,8 @@ def as_text(summary: dict[str, Any]) -> str:
             )
     else:
         lines.append("alerts     none")
+    if summary.get("rules"):
+        lines.append(f"rules      {safe(summary['rules'], 300)}")  # what did not run: an alert it would have raised
     for resumed in summary.get("resumed", ()):
         where = f"resumed    at step {resumed['step']} from {safe(str(resumed['checkpoint']))}"
         if resumed["missing"] is None:

@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Mapping
 from typing import Any
 
-from tuiwatch.analysis.format import safe, size, size_of
+from tuiwatch.analysis.format import rules_text, safe, size, size_of
 from tuiwatch.ledger.fields import integer, num
 
 VALUE_CHARS = 300  # a value longer than this (an argv of a hundred flags) is cut, and says so
@@ -41,7 +41,7 @@ def run_info(run: Mapping[str, Any], system: Mapping[str, Any]) -> list[tuple[st
     add("device", _joined(run.get("device"), _memory(run.get("mem_total"))))
     add("versions", _versions(run))
     add("watch", _settings(run))
-    add("rules", _rules(run.get("rules"), run.get("rules_note")))
+    add("rules", rules_text(run.get("rules"), run.get("rules_note")))
     resumed = run.get("resumed_from")
     if isinstance(resumed, Mapping):
         add("resumed from", _joined(resumed.get("checkpoint"), f"step {resumed.get('step')}"))
@@ -83,20 +83,6 @@ def _versions(run: Mapping[str, Any]) -> str | None:
 def _settings(run: Mapping[str, Any]) -> str | None:
     keys = ("every", "step_per", "on_nonfinite", "update_norm_every", "param_norm_every")
     return _joined(*(f"{key}={run[key]}" for key in keys if run.get(key) is not None))
-
-
-def _rules(rules: Any, note: Any) -> str | None:
-    """Which rules differ from the defaults (all fourteen with theirs: nothing to say), and why, when the run said."""
-    text: str | None = None
-    if isinstance(rules, list):
-        text = "only " + ", ".join(str(r) for r in rules) if rules else "none"
-    elif isinstance(rules, Mapping):
-        off = [str(r) for r, v in rules.items() if v is False]
-        tuned = [str(r) for r, v in rules.items() if isinstance(v, Mapping) and v]
-        text = _joined(
-            "off: " + ", ".join(off) if off else None, "thresholds set: " + ", ".join(tuned) if tuned else None
-        )
-    return "; ".join(str(part) for part in (text, note) if part) or None
 
 
 def _process(system: Mapping[str, Any]) -> str | None:
