@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tuiwatch.ledger.chain import read_run
 from tuiwatch.ledger.ranks import rank_ledgers
@@ -53,6 +54,11 @@ def test_steps_hold_what_the_module_computed_with_accumulation_and_clipping(
     assert [s["lr"] for s in steps] == [[0.1]] * 8 + [[0.05]] * 8  # the StepLR of configure_optimizers
     assert [s["epoch"] for s in steps] == [0] * 8 + [1] * 8
     assert all(s["micro_batches"] == 2 and s["batch_shape"] == [[32, 8], [32]] for s in steps)
+    # Each step's sample ids (its two micro-batches'), from the loader's sampler: the samples it trained on.
+    features = torch.randn(512, 8, generator=torch.Generator().manual_seed(0))[:, 0]
+    batches = [a + b for a, b in zip(truth["firsts"][::2], truth["firsts"][1::2], strict=True)]
+    assert [features[s["batch_ids"]].tolist() for s in steps] == batches
+    assert sorted(i for s in steps[:8] for i in s["batch_ids"]) == list(range(512))  # one shuffled epoch
     assert all(s["data_wait_s"] is not None and s["opt_step"] == s["step"] + 1 for s in steps)
     evals = records(ledger, "eval")  # the sanity check's validation is not one
     assert [e["step"] for e in evals] == [7, 15]

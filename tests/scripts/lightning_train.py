@@ -38,6 +38,7 @@ class Classifier(pl.LightningModule):  # type: ignore[misc]
         self.loss_steps: list[int] = []  # the global step of each loss and norm: LBFGS makes several a step
         self.norm_steps: list[int] = []
         self.val_losses: list[float] = []
+        self.firsts: list[list[float]] = []  # each training batch's first feature: which samples it holds
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.net(x)
@@ -45,6 +46,7 @@ class Classifier(pl.LightningModule):  # type: ignore[misc]
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
+        self.firsts.append(x[:, 0].tolist())
         if self.global_step == self.nan_at and batch_idx % self.accumulate == 0:
             x = x.clone()
             x[0, 0] = math.nan
@@ -128,7 +130,7 @@ def main() -> None:
             with open(args.truth, "w") as f:
                 finite = all(bool(p.isfinite().all()) for p in model.parameters())
                 truth = {"losses": model.losses, "norms": model.norms, "val_losses": model.val_losses, "finite": finite}
-                truth.update(loss_steps=model.loss_steps, norm_steps=model.norm_steps)
+                truth.update(loss_steps=model.loss_steps, norm_steps=model.norm_steps, firsts=model.firsts)
                 json.dump({**truth, "global_step": trainer.global_step}, f)
     print(f"trained to step {trainer.global_step} with {pl.__name__}.Trainer", flush=True)
 

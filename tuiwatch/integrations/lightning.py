@@ -16,6 +16,9 @@ per optimizer step (``step_per="optimizer"``), from Lightning's hooks:
 - a **batch** is the one ``on_train_batch_start`` receives; its **data wait** is
   the time since the previous batch ended (or validation did): Lightning
   fetches it just before; accumulated batches fold into their optimizer step;
+  its **sample ids** come from a recorder of the training DataLoader's sampler,
+  put in at ``DataLoader.__iter__`` for the fit (Lightning makes the iterator
+  before ``on_train_start``);
 - the **loss** is the sum of the losses ``on_before_backward`` receives during
   the step (Lightning divides each by ``accumulate_grad_batches`` first),
   logged once at ``on_before_optimizer_step``, before the non-finite check
@@ -43,10 +46,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from tuiwatch.integrations import resumed
-from tuiwatch.integrations.loss import BackwardLoss
+from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.integrations.metrics import eval_metrics
+from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
 from tuiwatch.publisher.watch import Watch
 
 
@@ -91,6 +96,44 @@ class _Hooks:
         self._validation: ExitStack | None = None
         self._metrics_before: dict[str, Any] = {}
         self._saved: dict[str, Any] | None = None  # what the checkpoint fit() resumes from kept of its run
+        self._ids: IndexRecorder | None = None  # the training DataLoader's sampler stand-in, this epoch
+        self._recording = False  # inside our own iter() of it
+        self._unpatch: Any = None
+
+    # --- sample ids -----------------------------------------------------------------
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """The training DataLoader's iterator is made with a recorder of its sampler, as ``watch.batches()``
+        makes it: Lightning makes it before ``on_train_start`` (and again each epoch), so the recorder goes in
+        at ``DataLoader.__iter__`` for the fit, for that one loader."""
+        if self._unpatch is None:
+            self._unpatch = wrap_attribute(DataLoader, "__iter__", lambda original: self._iter(trainer, original))
+
+    def _iter(self, trainer: Any, original: Any) -> Any:
+        def __iter__(loader: DataLoader[Any]) -> Any:
+            if self._recording or loader is not _training_loader(trainer):
+                return original(loader)
+            self._recording = True
+            try:
+                it, self._ids = iter_with_ids(loader)
+            finally:
+                self._recording = False
+            return it
+
+        return __iter__
+
+    def _batch_ids(self, batch: Any) -> list[int] | None:
+        """The ids of ``batch``, the oldest the recorder holds (Lightning draws one batch ahead), when their count
+        is the batch's size: anything else (a loop that draws for itself) gets none rather than another's."""
+        ids = self._ids.pop() if self._ids is not None else None
+        first = batch[0] if isinstance(batch, list | tuple) and batch else batch
+        size = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else None
+        return ids if ids is not None and len(ids) == size else None
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if self._unpatch is not None:
+            self._unpatch()
+            self._unpatch, self._ids = None, None
 
     # --- the run --------------------------------------------------------------------
 
@@ -139,6 +182,7 @@ class _Hooks:
             self.watch = None
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.teardown(trainer, pl_module, "fit")
         if self.watch is not None:
             interrupted = isinstance(exception, KeyboardInterrupt)
             self.watch.close("stopped" if interrupted else "exception")  # a NonFiniteError closed it already
@@ -153,7 +197,8 @@ class _Hooks:
         watch = self.watch
         if watch is None:
             return
-        watch.step(batch, data_wait_s=time.perf_counter() - self._idle_since, run_commands=False)
+        wait = time.perf_counter() - self._idle_since
+        watch.step(batch, ids=self._batch_ids(batch), data_wait_s=wait, run_commands=False)
         if self._epoch is not None:
             watch.log(epoch=self._epoch)
             self._epoch = None
@@ -226,3 +271,12 @@ TuiwatchCallback: type = type(
         "__module__": __name__,
     },
 )
+
+
+def _training_loader(trainer: Any) -> Any:
+    """The fit's one training DataLoader (None for several, or none yet): Lightning sets it before iterating."""
+    try:
+        loader = trainer.train_dataloader
+    except Exception:  # a Lightning whose property needs what is not set up yet
+        return None
+    return loader if isinstance(loader, DataLoader) else None
