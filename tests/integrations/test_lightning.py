@@ -136,6 +136,9 @@ def test_the_ddp_strategys_ranks_are_one_job_with_the_same_reduced_gradients(tmp
     assert [len(s) for s in steps] == [STEPS_PER_EPOCH, STEPS_PER_EPOCH]  # each rank half the data, 2 epochs
     # After DDP's all-reduce both ranks hold the same gradients: the same pre-clip norms, step by step.
     assert [s["grad_norm"] for s in steps[0]] == pytest.approx([s["grad_norm"] for s in steps[1]], rel=1e-6)
+    # Each rank's ids from the DistributedSampler Lightning put in: an epoch's two halves, apart.
+    halves = [[i for s in steps[r][: STEPS_PER_EPOCH // 2] for i in s["batch_ids"]] for r in (0, 1)]
+    assert sorted(halves[0] + halves[1]) == list(range(512))
 
     # Resumed from the first epoch's ModelCheckpoint, which holds rank 0's state only: each rank numbers its steps
     # on from the checkpoint's step and links to its own ledger of the first job, and reads as one run with it.
