@@ -174,3 +174,16 @@ def test_an_lbfgs_step_records_its_first_closure_evaluation(tmp_path: Path, sock
     assert [s["grad_norm"] for s in steps] == pytest.approx(
         first_of_each_step(truth["norms"], truth["norm_steps"]), rel=1e-5
     )
+
+
+def test_a_batchs_ids_are_the_recorders_oldest_when_their_count_is_its_size():
+    from tuiwatch.integrations.lightning import TuiwatchCallback
+    from tuiwatch.publisher.loader import IndexRecorder
+
+    hooks = TuiwatchCallback()
+    hooks._ids = IndexRecorder([[0, 1], [2, 3], [4, 5, 6]])
+    list(hooks._ids)  # drawn ahead, as Lightning's fetcher does
+    assert hooks._batch_ids((torch.zeros(2, 3), torch.zeros(2))) == [0, 1]
+    assert hooks._batch_ids({"input_ids": torch.zeros(2, 5), "labels": torch.zeros(2)}) == [2, 3]
+    assert hooks._batch_ids(torch.zeros(2, 3)) is None  # 3 ids for 2 rows: another batch's, so none
+    assert hooks._batch_ids(torch.zeros(2, 3)) is None  # none left

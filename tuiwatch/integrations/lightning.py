@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,9 @@ class _Hooks:
             self._recording = True
             try:
                 it, self._ids = iter_with_ids(loader)
+            except Exception:  # a loader the recorder cannot stand in for: trained on all the same, without ids
+                self._ids = None
+                return original(loader)
             finally:
                 self._recording = False
             return it
@@ -126,9 +130,9 @@ class _Hooks:
         """The ids of ``batch``, the oldest the recorder holds (Lightning draws one batch ahead), when their count
         is the batch's size: anything else (a loop that draws for itself) gets none rather than another's."""
         ids = self._ids.pop() if self._ids is not None else None
-        first = batch[0] if isinstance(batch, list | tuple) and batch else batch
-        size = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else None
-        return ids if ids is not None and len(ids) == size else None
+        values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else [batch]
+        first = next((v for v in values if isinstance(v, torch.Tensor) and v.dim()), None)
+        return ids if ids is not None and first is not None and len(ids) == first.shape[0] else None
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._unpatch is not None:
