@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from tuiwatch.integrations import resumed
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.integrations.metrics import eval_metrics
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
+from tuiwatch.publisher.measure import first_tensor
 from tuiwatch.publisher.watch import Watch
 
 
@@ -130,9 +130,8 @@ class _Hooks:
         """The ids of ``batch``, the oldest the recorder holds (Lightning draws one batch ahead), when their count
         is the batch's size: anything else (a loop that draws for itself) gets none rather than another's."""
         ids = self._ids.pop() if self._ids is not None else None
-        values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, list | tuple) else [batch]
-        first = next((v for v in values if isinstance(v, torch.Tensor) and v.dim()), None)
-        return ids if ids is not None and first is not None and len(ids) == first.shape[0] else None
+        first = first_tensor(batch)
+        return ids if ids is not None and first is not None and first.dim() and len(ids) == first.shape[0] else None
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._unpatch is not None:

@@ -84,13 +84,7 @@ def find_model(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn
     gradients left from its last step.
     """
     wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    stepped = {
-        id(p)
-        for o in objects
-        if issubclass(type(o), torch.optim.Optimizer) and o is not optimizer
-        for group in o.param_groups
-        for p in group["params"]
-    } - wanted
+    stepped = _stepped_by_others(optimizer, objects) - wanted
     # type(), not isinstance(): some module-level objects warn when their __class__ is read.
     modules = [o for o in objects if issubclass(type(o), torch.nn.Module)]
     found, key = _most_of(_roots(modules), wanted, stepped)
@@ -123,13 +117,24 @@ def _most_of(
     return (_roots(tied)[0] if tied else None), best
 
 
+def _stepped_by_others(optimizer: torch.optim.Optimizer, objects: list[Any]) -> set[int]:
+    """The ids of the parameters the optimizers alive other than ``optimizer`` hold."""
+    return {
+        id(p)
+        for o in objects
+        if issubclass(type(o), torch.optim.Optimizer) and o is not optimizer
+        for group in o.param_groups
+        for p in group["params"]
+    }
+
+
 def _another_holds_a_module(optimizer: torch.optim.Optimizer, objects: list[Any]) -> bool:
     """Whether an optimizer other than ``optimizer`` holds parameters of a module."""
-    others = [o for o in objects if issubclass(type(o), torch.optim.Optimizer) and o is not optimizer]
-    if not others:
+    stepped = _stepped_by_others(optimizer, objects)
+    if not stepped:
         return False
     held = {id(p) for o in objects if issubclass(type(o), torch.nn.Module) for p in o.parameters(recurse=False)}
-    return any(id(p) in held for o in others for group in o.param_groups for p in group["params"])
+    return not stepped.isdisjoint(held)
 
 
 class BareTensors(torch.nn.Module):

@@ -190,6 +190,12 @@ def add_metrics(target: dict[str, Any], metrics: dict[str, Any]) -> None:
             raise TypeError(f"tuiwatch: log({key}=...) needs a number or a scalar tensor, got {type(value).__name__}")
 
 
+def before_its_work(s: StepState) -> bool:
+    """Whether the open step ``s`` has not begun its work yet: no forward, no optimizer step (a validation block at
+    the top of a loop, after the boundary: nanoGPT's place)."""
+    return s.forwards == 0 and s.opt_start is None
+
+
 def set_aside(s: StepState, entered: float, left: float) -> None:
     """``s`` was open while a validation block ran from ``entered`` to ``left``: that is not its compute.
 
@@ -198,7 +204,7 @@ def set_aside(s: StepState, entered: float, left: float) -> None:
     mark). After it (an evaluation every N steps, once the optimizer has stepped) the block's host time is
     taken out of ``compute_s``; on CUDA the block's kernels stay in the step's device time.
     """
-    if s.forwards == 0 and s.opt_start is None:
+    if before_its_work(s):
         s.started += left - entered
         if s.device_start is not None:
             s.device_start = device_mark()

@@ -37,7 +37,7 @@ from tuiwatch.publisher.ranks import current_ranks, replicated
 from tuiwatch.publisher.run_record import default_name, start_line
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
-from tuiwatch.publisher.steps import StepTracker, add_metrics, set_aside
+from tuiwatch.publisher.steps import StepTracker, add_metrics, before_its_work, set_aside
 from tuiwatch.rules import Diagnosis, RulesConfig, for_reinforcement_learning, rules_as_data
 from tuiwatch.wire.tcp import tcp_option
 
@@ -373,8 +373,8 @@ class Watch:
         # The last step that trained: at the top of an open step (nanoGPT's place, after the boundary and before
         # the step's forward) that is the step before it, whose weights the evaluation sees.
         s = tracker.cur
-        before_its_work = s is not None and s.forwards == 0 and s.opt_start is None
-        state = EvalState(step=max(tracker.step - 1 - before_its_work, 0), epoch=max(tracker.epoch, 0))
+        at_top = s is not None and before_its_work(s)
+        state = EvalState(step=max(tracker.step - 1 - at_top, 0), epoch=max(tracker.epoch, 0))
         tracker.eval = state
         entered = time.perf_counter()
         try:
