@@ -878,3 +878,34 @@ def test_a_lightning_script_that_clips_by_value_records_the_norm_before_the_clip
     assert len(steps) == len(norms) == 5
     assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-5)
     assert min(norms) > 1  # each clipped to 0.05 an element, 0.05·√227 ≈ 0.75 at most after
+
+
+SCRIPTED_AT_THE_END = """
+import sys
+import torch
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+x, y = torch.randn(128, 4), torch.randint(0, 3, (128,))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+for epoch in range(2):
+    for xb, yb in loader:
+        loss = nn.functional.cross_entropy(model(xb), yb)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+torch.jit.script(model).save(sys.argv[1])  # the export, last
+"""
+
+
+def test_a_script_that_exports_its_model_with_torchscript_at_the_end_saves_it(socket_dir: Path, tmp_path: Path):
+    # The Watch stays attached until the script ends; torch.jit.script compiled its hook and raised after training.
+    exported = tmp_path / "model.pt"
+    ledger = run_source(SCRIPTED_AT_THE_END, tmp_path, socket_dir, str(exported))
+    loaded = torch.jit.load(str(exported))
+    assert loaded(torch.zeros(2, 4)).shape == (2, 3)
+    steps = records(ledger, "step")
+    assert [s["step"] for s in steps] == list(range(8))  # 2 epochs of 4 batches
+    assert steps[0]["batch_shape"] is None  # drawn before the Watch was made
+    assert steps[1]["batch_shape"] == [[32, 4], [32]]

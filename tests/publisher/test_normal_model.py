@@ -13,6 +13,7 @@ import pickle
 from pathlib import Path
 from typing import cast
 
+import pytest
 import torch
 from torch import nn
 
@@ -155,3 +156,40 @@ def test_a_compiled_model_is_watched_under_its_own_class_name(run_root: Path, so
     steps = _steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert all(s["finite"]["forward"] is True and s["grad_norm"] > 0 for s in steps)
+
+
+class NotScriptable(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x.__class__.__name__.count("T")  # TorchScript has no __class__ of a tensor
+
+
+def test_a_watched_model_scripts_without_the_watchs_hooks_and_stays_watched(run_root: Path, socket_dir: Path):
+    # A script that saves torch.jit.script(model) after training raised in get_hook_stubs ('ForwardHook' object
+    # has no attribute '__name__'): under tuiwatch run the Watch is attached until the script ends.
+    model, optimizer, watch = _watched(run_root)
+    _train(watch, model, optimizer, 2)
+    ours = model.register_forward_pre_hook(ForwardHook(users_hook), with_kwargs=True)  # an integration's
+    x = torch.randn(5, 2)
+    scripted = torch.jit.script(model)
+    assert torch.equal(scripted(x), model(x))
+    saved = io.BytesIO()
+    torch.jit.save(scripted, saved)
+    assert b"tuiwatch" not in saved.getvalue()
+    saved.seek(0)
+    assert torch.equal(torch.jit.load(saved)(x), model(x))
+    # The same inside a larger module, frozen, and through a name imported from torch.jit.
+    from torch.jit import script
+
+    wrapper = script(nn.Sequential(model, nn.ReLU()).eval())
+    assert torch.equal(torch.jit.freeze(wrapper)(x), torch.relu(model(x)))
+    # A module TorchScript refuses fails as torch has it fail, and the tables are put back all the same.
+    with pytest.raises(RuntimeError, match="__class__"):
+        torch.jit.script(nn.Sequential(model, NotScriptable()))
+    assert [type(h) for h in model._forward_hooks.values()] == [ForwardHook]
+    assert [type(h) for h in model._forward_pre_hooks.values()] == [ForwardHook]
+    ours.remove()
+    _train(watch, model, optimizer, 2)  # still watched: the forward probe is read at each step
+    watch.close()
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert all(s["finite"]["forward"] is True for s in steps)

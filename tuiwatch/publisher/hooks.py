@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from tuiwatch.publisher import pickling, process, room
+from tuiwatch.publisher import pickling, process, room, scripting
 from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.deferred import defer, defer_tensor, device_mark
@@ -156,6 +156,7 @@ class ModelHooks:
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
         self._handles.append(self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True))
         pickling.hide_hooks(type(self.model), is_forward_hook)
+        scripting.leave_out_of_scripts(is_forward_hook)
         watch_clipping(self)
 
     def remove(self) -> None:
