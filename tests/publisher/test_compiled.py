@@ -2,8 +2,9 @@
 
 Dynamo traced tuiwatch's hooks where it met them: their clock reads and ``.item()`` split the compiled code into
 more graphs, and dynamo wrote warnings about tuiwatch's lines into the run's output. The hooks are now
-``torch.compiler.disable``d: they run as they are, between graphs. ``backend="eager"``: dynamo's tracing without
-a C++ toolchain.
+``torch.compiler.disable``d: they run as they are, between graphs. Where the user asked for one graph
+(``fullgraph=True``, a strict export), that break raised at the first forward: there the forward hook is left out.
+``backend="eager"``: dynamo's tracing without a C++ toolchain.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def dynamo_counted() -> Iterator[Callable[[], tuple[int, list[str]]]]:
             )
         finally:
             torch._dynamo.reset()
+
+
+def _watched_mlp(run_root: Path) -> tuple[nn.Module, torch.optim.Optimizer, tuiwatch.Watch]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, optimizer, tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
 
 
 def _steps(watch: tuiwatch.Watch) -> list[Record]:
@@ -101,3 +109,58 @@ def test_a_compiled_optimizer_step_is_one_graph_and_still_measured(run_root: Pat
     assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-6)
     assert [s["lr"] for s in steps] == [[torch.tensor(0.01).item()]] * 4
     assert steps[0]["update_norm"] is not None
+
+
+@pytest.mark.parametrize("whole", ["fullgraph", "error_on_graph_break"])
+def test_a_model_compiled_as_one_graph_after_the_watch_hooked_it_trains_without_the_forward_hook(
+    whole: str, run_root: Path, socket_dir: Path
+):
+    # The hook's graph break raised "Skip inlining `torch.compiler.disable()`d function" at the first forward: the
+    # run died where the user asked dynamo for one graph. There the hook is left out of the compiled forward.
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(4)]
+    norms: list[float] = []
+    with dynamo_counted() as counted:
+        model, optimizer, watch = _watched_mlp(run_root)
+        compiled = cast(nn.Module, torch.compile(model, backend="eager", fullgraph=whole == "fullgraph"))
+        with torch._dynamo.error_on_graph_break(whole == "error_on_graph_break"):
+            for x, y in watch.batches(batches):
+                loss = nn.functional.cross_entropy(compiled(x), y)
+                watch.log(loss=loss)
+                loss.backward()
+                norms.append(
+                    float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+                )
+                optimizer.step()
+                optimizer.zero_grad()
+        watch.close()
+        assert counted() == (1, [])
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-6)  # the optimizer's hooks are eager
+    # What the forward hook measures inside the compiled forward is not measured (docs/architecture.md).
+    assert {(s["finite"]["forward"], s["forward_s"]) for s in steps} == {(None, None)}
+    assert watch.ledger_path is not None
+    assert records(watch.ledger_path, "alert") == []
+    # Eagerly the same model is measured as ever.
+    again = tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
+    for x, y in again.batches(batches[:1]):
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    again.close()
+    assert _steps(again)[0]["finite"]["forward"] is True
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_watched_model_exports_with_torch_export_as_it_would_unwatched(
+    strict: bool, run_root: Path, socket_dir: Path
+):
+    # A strict export is dynamo's one graph: the hook's graph break raised there too.
+    model, _, watch = _watched_mlp(run_root)
+    x = torch.randn(5, 2)
+    with dynamo_counted():
+        program = torch.export.export(model, (x,), strict=strict)
+    ops = [node.target for node in program.graph.nodes if node.op == "call_function"]
+    assert ops == [torch.ops.aten.linear.default, torch.ops.aten.relu.default, torch.ops.aten.linear.default]
+    assert torch.equal(program.module()(x), model(x))
+    watch.close()

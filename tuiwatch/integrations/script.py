@@ -55,7 +55,8 @@ from tuiwatch.errors import NonFiniteError, StopRequested
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.publisher import pickling, process
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
-from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook, uncompiled
+from tuiwatch.publisher.compiling import uncompiled
+from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch

@@ -29,6 +29,7 @@ import torch
 from tuiwatch.publisher import pickling, process, room, scripting
 from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
+from tuiwatch.publisher.compiling import graph_must_stay_whole, uncompiled
 from tuiwatch.publisher.deferred import defer, defer_tensor, device_mark
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.measure import NO_BATCH, class_count, finiteness_probe, first_tensor, gradient_norm, total_norm
@@ -56,11 +57,6 @@ def default_param_norm_every(param_count: int) -> int:
 KEEP_SNAPSHOT_ELEMENTS = 4_000_000  # 16 MB of float32: below it the update norm's buffers are kept
 
 
-def uncompiled(hook: Any) -> Any:
-    """``hook`` as torch.compile leaves it: run as it is between graphs, never traced (see ForwardHook)."""
-    return torch.compiler.disable(hook)  # type: ignore[no-untyped-call]  # (torch does not type it)
-
-
 class ForwardHook:
     """What a Watch registers on the user's model: a model with it stays a normal model.
 
@@ -81,11 +77,16 @@ class ForwardHook:
         self._func = target.__func__ if bound else None
         self._owner = None if target is None else weakref.ref(target.__self__ if bound else target)
 
-    # Not traced by torch.compile: a model compiled after the Watch hooked it (or a Trainer's torch_compile=True,
-    # whose model the callback hooks) runs this as it is, between its graphs. Traced, its clock reads and .item()
-    # split the model into more graphs and printed dynamo's warnings about tuiwatch's lines into the run's log.
-    @torch.compiler.disable  # type: ignore[untyped-decorator]  # (torch does not type it)
     def __call__(self, module: Any, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            # A model compiled after the Watch hooked it (or a Trainer's torch_compile=True, whose model the
+            # callback hooks): this runs between its graphs, or not at all where they must stay whole (compiling.py).
+            if not graph_must_stay_whole():
+                _between_graphs(self, module, args, output)
+            return
+        self.act(module, args, output)
+
+    def act(self, module: Any, args: Any, output: Any) -> None:
         owner = self._owner() if self._owner is not None else None
         if owner is None:
             return
@@ -96,6 +97,11 @@ class ForwardHook:
 
     def __reduce__(self) -> tuple[type[ForwardHook], tuple[()]]:
         return (ForwardHook, ())
+
+
+@torch.compiler.disable  # type: ignore[untyped-decorator]  # (torch does not type it)
+def _between_graphs(hook: ForwardHook, module: Any, args: Any, output: Any) -> None:
+    hook.act(module, args, output)
 
 
 def _holds_any(params: list[Any], mine: list[torch.Tensor]) -> bool:
