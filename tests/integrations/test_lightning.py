@@ -67,6 +67,57 @@ def test_steps_hold_what_the_module_computed_with_accumulation_and_clipping(
     assert records(ledger, "end")[-1]["reason"] == "finished"
 
 
+COMPILED_AS_ONE_GRAPH = """
+import json, sys
+import torch
+from torch import nn
+import pytorch_lightning as pl
+from tuiwatch.lightning import TuiwatchCallback
+
+class Module(pl.LightningModule):  # nothing in its steps breaks a graph: no self.log, no .item()
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
+        self.losses = []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.losses.append(loss.detach())
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+module = Module()
+trainer = pl.Trainer(
+    max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    enable_model_summary=False, callbacks=[TuiwatchCallback(run_dir=sys.argv[1], name="lit")],
+)
+trainer.fit(torch.compile(module, fullgraph=True, backend="eager"), torch.utils.data.DataLoader(data, batch_size=8))
+json.dump([float(v) for v in module.losses], open(sys.argv[2], "w"))
+"""
+
+
+def test_a_module_compiled_as_one_graph_trains_and_is_watched(tmp_path: Path, socket_dir: Path):
+    # Lightning compiles the module again, with the user's options, after the callback hooked it: the hook's graph
+    # break raised "Skip inlining `torch.compiler.disable()`d function" at the first step (docs/architecture.md).
+    script, truth = tmp_path / "compiled.py", tmp_path / "losses.json"
+    script.write_text(COMPILED_AS_ONE_GRAPH)
+    cmd = [sys.executable, str(script), str(tmp_path / "runs"), str(truth)]
+    done = subprocess.run(cmd, env=env_for(socket_dir), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = records(ledger_file(tmp_path / "runs"), "step")
+    assert [s["step"] for s in steps] == list(range(8))
+    assert [s["loss"] for s in steps] == pytest.approx(json.loads(truth.read_text()), rel=1e-6)
+    assert all(s["grad_norm"] > 0 and s["opt_step"] == s["step"] + 1 for s in steps)
+
+
 def test_a_planted_nan_stops_before_its_update_at_its_step(tmp_path: Path, socket_dir: Path):
     done = fit(tmp_path, socket_dir, "--nan-at", "5", "--truth", str(tmp_path / "t.json"))
     assert done.returncode != 0
