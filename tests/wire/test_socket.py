@@ -7,6 +7,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -238,3 +239,30 @@ def test_a_socket_another_user_serves_is_not_trusted():
         fake.kill()
         fake.wait()
         shutil.rmtree(planted, ignore_errors=True)
+
+
+def test_a_socket_directory_too_deep_for_a_unix_address_still_serves_viewers(run_root: Path, tmp_path: Path):
+    # TUIWATCH_DIR under a long home or scratch path: "cannot listen: AF_UNIX path too long", no viewer at all.
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    os.chmod(deep, 0o700)
+    name = "n" * 64
+    proc = start_training(run_root, deep, "--name", name, "--steps", "300", "--step-sleep", "0.005")
+    ledger = wait_for_ledger(run_root)
+    wait_until(lambda: count_steps(ledger) >= 50, what="50 steps")
+    path = _socket_of(deep)
+    assert len(os.fsencode(str(path))) > 108  # more than a sockaddr_un holds
+    listed = subprocess.run(
+        [sys.executable, "-m", "tuiwatch", "ls"],
+        env={**os.environ, "TUIWATCH_DIR": str(deep)},
+        capture_output=True,
+        text=True,
+    )
+    assert f"{name}  {proc.pid}" in listed.stdout
+    assert "live" in listed.stdout
+    sock = connect(path, timeout=30)
+    received = list(iter_records(sock))
+    sock.close()
+    finish(proc)
+    assert [r["step"] for r in received if r["kind"] == "step"] == list(range(300))
+    assert received == records(ledger)

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tuiwatch.ledger.codec import DecodeError, decode, encode
 from tuiwatch.ledger.records import Decoded
+from tuiwatch.wire.address import unix_address
 
 MAX_LINE_BYTES = 64 * 1024
 COMMANDS = ("checkpoint", "dump", "pause", "resume", "stop")
@@ -152,7 +153,8 @@ def connect(path: str | Path, timeout: float = 2.0) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
-        sock.connect(str(path))
+        with unix_address(path) as address:
+            sock.connect(address)
         uid = peer_uid(sock)
     except OSError:
         sock.close()

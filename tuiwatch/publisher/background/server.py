@@ -21,6 +21,7 @@ from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.records import Record, action_record
 from tuiwatch.ledger.writer import LedgerStore
 from tuiwatch.wire import tcp
+from tuiwatch.wire.address import unix_address
 from tuiwatch.wire.protocol import Command, LineSplitter, ProtocolError, parse_command, peer_uid
 
 CHUNK_BYTES = 256 * 1024
@@ -87,7 +88,8 @@ def bind_private_socket(path: Path) -> socket.socket:
     try:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        sock.bind(str(tmp))
+        with unix_address(tmp) as address:
+            sock.bind(address)
         os.chmod(tmp, 0o600)
         os.rename(tmp, path)
         sock.listen(64)
