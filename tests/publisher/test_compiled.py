@@ -49,6 +49,23 @@ def _watched_mlp(run_root: Path) -> tuple[nn.Module, torch.optim.Optimizer, tuiw
     return model, optimizer, tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
 
 
+def _train(
+    watch: tuiwatch.Watch, calls: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int = 4
+) -> list[float]:
+    """``steps`` steps of ``model``, called through ``calls`` (itself or a compiled wrapper); the gradient norms."""
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(steps)]
+    norms: list[float] = []
+    for x, y in watch.batches(batches):
+        loss = nn.functional.cross_entropy(calls(x), y)
+        watch.log(loss=loss)
+        loss.backward()
+        norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])))
+        optimizer.step()
+        optimizer.zero_grad()
+    return norms
+
+
 def _steps(watch: tuiwatch.Watch) -> list[Record]:
     assert watch.ledger_path is not None
     return records(watch.ledger_path, "step")
@@ -57,20 +74,9 @@ def _steps(watch: tuiwatch.Watch) -> list[Record]:
 def test_a_model_compiled_after_the_watch_hooked_it_is_one_graph(run_root: Path, socket_dir: Path):
     # The Watch made before torch.compile, or a Trainer's torch_compile=True with its callback's pre-hook on the
     # model: three graphs instead of one.
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(4)]
     with dynamo_counted() as counted:
-        watch = tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
-        compiled = cast(nn.Module, torch.compile(model, backend="eager"))
-        for x, y in watch.batches(batches):
-            loss = nn.functional.cross_entropy(compiled(x), y)
-            watch.log(loss=loss)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+        model, optimizer, watch = _watched_mlp(run_root)
+        _train(watch, cast(nn.Module, torch.compile(model, backend="eager")), model, optimizer)
         watch.close()
         assert counted() == (1, [])
     steps = _steps(watch)
@@ -117,22 +123,11 @@ def test_a_model_compiled_as_one_graph_after_the_watch_hooked_it_trains_without_
 ):
     # The hook's graph break raised "Skip inlining `torch.compiler.disable()`d function" at the first forward: the
     # run died where the user asked dynamo for one graph. There the hook is left out of the compiled forward.
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(4)]
-    norms: list[float] = []
     with dynamo_counted() as counted:
         model, optimizer, watch = _watched_mlp(run_root)
         compiled = cast(nn.Module, torch.compile(model, backend="eager", fullgraph=whole == "fullgraph"))
         with torch._dynamo.error_on_graph_break(whole == "error_on_graph_break"):
-            for x, y in watch.batches(batches):
-                loss = nn.functional.cross_entropy(compiled(x), y)
-                watch.log(loss=loss)
-                loss.backward()
-                norms.append(
-                    float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
-                )
-                optimizer.step()
-                optimizer.zero_grad()
+            norms = _train(watch, compiled, model, optimizer)
         watch.close()
         assert counted() == (1, [])
     steps = _steps(watch)
@@ -144,9 +139,7 @@ def test_a_model_compiled_as_one_graph_after_the_watch_hooked_it_trains_without_
     assert records(watch.ledger_path, "alert") == []
     # Eagerly the same model is measured as ever.
     again = tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
-    for x, y in again.batches(batches[:1]):
-        nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
+    _train(again, model, model, optimizer, steps=1)
     again.close()
     assert _steps(again)[0]["finite"]["forward"] is True
 

@@ -33,6 +33,8 @@ def unix_address(path: str | Path) -> Iterator[str]:
     try:
         fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
+        fd = -1
+    if fd < 0:
         yield text  # the bind or connect says what is wrong with the directory
         return
     try:
