@@ -193,3 +193,31 @@ def test_a_watched_model_scripts_without_the_watchs_hooks_and_stays_watched(run_
     steps = _steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     assert all(s["finite"]["forward"] is True for s in steps)
+
+
+@pytest.mark.parametrize("export", ["jit.trace", "export", "export-strict"])
+def test_a_model_exported_in_the_middle_of_a_step_exports_and_the_step_is_recorded(
+    export: str, run_root: Path, socket_dir: Path
+):
+    # An export at the top of the loop, the step's batch drawn and its forward to come. torch.jit.trace raised
+    # "Tracing failed sanity checks" (the hook's probe was in its first trace only), and a non-strict
+    # torch.export lost the step's record (the hook read the export's fake output as the step's).
+    model, optimizer, watch = _watched(run_root)
+    x = torch.randn(4, 2)
+    exported: list[nn.Module] = []
+    for i, (xb, y) in enumerate(watch.batches([(x, torch.zeros(4, dtype=torch.long))] * 3)):
+        if i == 1:
+            if export == "jit.trace":
+                exported.append(torch.jit.trace(model, xb))
+            else:
+                exported.append(torch.export.export(model, (xb,), strict=export == "export-strict").module())
+        loss = nn.functional.cross_entropy(model(xb), y)
+        watch.log(loss=loss)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert torch.allclose(exported[0](x), model(x))  # (the exported module holds the model's own parameters)
+    watch.close()
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert all(s["finite"]["forward"] is True and s["grad_norm"] > 0 for s in steps)

@@ -81,9 +81,12 @@ class ForwardHook:
         if torch.compiler.is_compiling():
             # A model compiled after the Watch hooked it (or a Trainer's torch_compile=True, whose model the
             # callback hooks): this runs between its graphs, or not at all where they must stay whole (compiling.py).
-            if not graph_must_stay_whole():
+            # An export's forward (torch.export, strict or not) is not the run's: nothing of it is recorded.
+            if not torch.compiler.is_exporting() and not graph_must_stay_whole():
                 _between_graphs(self, module, args, output)
             return
+        if torch._C._get_tracing_state():
+            return  # torch.jit.trace's (and the ONNX exporter's) forwards are an export's, not the run's
         self.act(module, args, output)
 
     def act(self, module: Any, args: Any, output: Any) -> None:
