@@ -101,8 +101,10 @@ def test_a_checkpoint_set_taken_at_one_step_resumes_the_job_exactly(tmp_path: Pa
     torchrun(tmp_path / "straight", socket_dir)
     (straight,) = (tmp_path / "straight").iterdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(SCRIPTS / "ddp_train.py")]
+    # Paced so that the command for step 30 reaches both ranks before it: at 0.02 s a step a loaded CI machine found
+    # the job's 64 steps over (1.3 s) before it had listed both ranks, and waited 60 s for them in vain.
     paced = subprocess.Popen(
-        [*cmd, "--run-dir", str(tmp_path / "paced"), "--step-sleep", "0.02"],
+        [*cmd, "--run-dir", str(tmp_path / "paced"), "--step-sleep", "0.1"],
         env=env_for(socket_dir),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
