@@ -7,10 +7,12 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tuiwatch.ledger.chain import read_run
+from tuiwatch.ledger.records import Record
 
 from ..helpers import SCRIPTS, env_for, ledger_file, records
 from .keys import checkpoint_then_stop
@@ -111,6 +113,7 @@ TRAINER_UNDER_RUN = """
 import json, sys
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+import tuiwatch.hf
 
 class Tokens(torch.utils.data.Dataset):
     def __init__(self, n, seed):
@@ -126,6 +129,11 @@ class Recording(Trainer):
     def training_step(self, model, inputs, *args, **kwargs):
         self.seen.append(inputs["input_ids"][:, 0].tolist())
         return super().training_step(model, inputs, *args, **kwargs)
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        if model.training and len(sys.argv) > 5:  # a loss that runs the model twice on its batch
+            loss = loss + 0 * super().compute_loss(model, inputs, *args, **kwargs)
+        return loss
 
 torch.manual_seed(0)
 model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
@@ -134,11 +142,27 @@ args = TrainingArguments(output_dir=sys.argv[1], max_steps=12, per_device_train_
                          use_cpu=True, save_strategy="no", logging_steps=6, disable_tqdm=True)
 train = Tokens(64, 0)
 evaluated = train if sys.argv[3] == "train" else Tokens(32, 1)  # some evaluate on the training set itself
-trainer = Recording(model=model, args=args, train_dataset=train, eval_dataset=evaluated)
+callbacks = [tuiwatch.hf.TuiwatchCallback(run_dir=sys.argv[4])] if len(sys.argv) > 4 else []
+trainer = Recording(model=model, args=args, train_dataset=train, eval_dataset=evaluated, callbacks=callbacks)
 trainer.train()
 norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
 json.dump({"norms": norms, "seen": Recording.seen}, open(sys.argv[2], "w"))
 """
+
+
+def trainer_script(tmp_path: Path, socket_dir: Path, runner: list[str], *args: str) -> tuple[list[Record], Any]:
+    """TRAINER_UNDER_RUN run by ``runner`` with ``args`` after its two paths: its steps, and what it logged."""
+    script, logged = tmp_path / "trainer_script.py", tmp_path / "logged.json"
+    script.write_text(TRAINER_UNDER_RUN)
+    done = subprocess.run(
+        [*runner, str(script), str(tmp_path / "out"), str(logged), *args],
+        env=env_for(socket_dir),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return records(ledger_file(tmp_path / "runs"), "step"), json.loads(logged.read_text())
 
 
 @pytest.mark.parametrize("evaluated", ["eval", "train"])
@@ -152,20 +176,9 @@ def test_an_unedited_trainer_script_under_run_records_the_batches_each_step_trai
     training's because they come from the training set, an evaluation on the training set itself went into the
     step after it (10 micro-batches) and made a 13th step of the last one: held until the next forward, they
     are told apart."""
-    script, logged = tmp_path / "trainer_script.py", tmp_path / "logged.json"
-    script.write_text(TRAINER_UNDER_RUN)
-    cmd = [sys.executable, "-m", "tuiwatch", "run", "--run-dir", str(tmp_path / "runs"), str(script)]
-    done = subprocess.run(
-        [*cmd, str(tmp_path / "out"), str(logged), evaluated],
-        env=env_for(socket_dir),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    steps = records(ledger_file(tmp_path / "runs"), "step")
+    runner = [sys.executable, "-m", "tuiwatch", "run", "--run-dir", str(tmp_path / "runs")]
+    steps, truth = trainer_script(tmp_path, socket_dir, runner, evaluated)
     assert [s["step"] for s in steps] == list(range(12))
-    truth = json.loads(logged.read_text())
     # Step 0's batches were drawn before the first optimizer step found the Watch; every later step has the two
     # micro-batches it trained on, the one after the evaluation (step 6) and each epoch's first (4, 8) included:
     # Accelerate draws one batch ahead of what it hands the Trainer, and the ids are those of the batches handed.
@@ -176,3 +189,18 @@ def test_an_unedited_trainer_script_under_run_records_the_batches_each_step_trai
     assert [s["epoch"] for s in steps[1:]] == [0] * 3 + [1] * 4 + [2] * 4
     # The Trainer's own grad norm at its logging steps (6 and 12) is the ledger's at the steps 5 and 11.
     assert [steps[5]["grad_norm"], steps[11]["grad_norm"]] == pytest.approx(truth["norms"], rel=1e-5)
+
+
+@pytest.mark.parametrize("forwards", ["one", "two"])
+def test_the_callback_records_the_sample_ids_each_step_trained_on(tmp_path: Path, socket_dir: Path, forwards: str):
+    # The Trainer draws an accumulation window before its first forward and Accelerate draws one batch ahead:
+    # each forward's ids are those of the batch it is given, found by the batch's first tensor (handed.py).
+    twice = ["twice"] if forwards == "two" else []
+    steps, truth = trainer_script(tmp_path, socket_dir, [sys.executable], "eval", str(tmp_path / "runs"), *twice)
+    if twice:  # the second forward of a batch has no ids of its own: the step has none, never another batch's
+        assert [s["batch_ids"] for s in steps] == [None] * 12
+        return
+    seen = truth["seen"]
+    # Every step, the first, each epoch's first and the one after the evaluation included: its two micro-batches.
+    assert [s["batch_ids"] for s in steps] == [a + b for a, b in zip(seen[::2], seen[1::2], strict=True)]
+    assert sorted(i for s in steps[:4] for i in s["batch_ids"]) == list(range(64))  # one shuffled epoch

@@ -46,6 +46,7 @@ except ImportError as exc:  # named without transformers installed: one line tha
     raise ImportError(f"tuiwatch.hf needs transformers 5 ({exc}): pip install 'tuiwatch[hf]'") from None
 
 from tuiwatch.integrations import resumed
+from tuiwatch.integrations.handed import HandedIds
 from tuiwatch.integrations.loss import BackwardLoss
 from tuiwatch.integrations.metrics import eval_metrics
 from tuiwatch.publisher.hooks import ForwardHook
@@ -73,6 +74,7 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
         self.watch: Watch | None = None
         self.loss = BackwardLoss()
         self._hook: Any = None
+        self._handed: HandedIds | None = None  # the sample ids of the batches the Trainer's loader hands it
         self._idle_since = time.perf_counter()  # the previous step's end, or the logging/eval/save after it
         self._wait: float | None = None  # the data wait of the step about to open
         self._epoch: int | None = None  # to log at the step's opening
@@ -106,6 +108,8 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
                 step, resumed.link(where, step=step, checkpoint=saved if found else None, rank=rank)
             )
         self.loss.install()
+        loader = kwargs.get("train_dataloader")
+        self._handed = HandedIds(loader) if loader is not None else None
         # ForwardHook: held weakly, and left out of copies of the model as the Watch's own hook is (pickling.py).
         self._hook = model.register_forward_pre_hook(ForwardHook(self._before_forward), with_kwargs=True)
         self._idle_since = time.perf_counter()
@@ -117,6 +121,9 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._handed is not None:
+            self._handed.remove()
+            self._handed = None
         self.loss.remove()
         if self.watch is not None:
             self.watch.close(reason)
@@ -135,7 +142,9 @@ class TuiwatchCallback(TrainerCallback):  # type: ignore[misc]
         if watch is None or not module.training or not torch.is_grad_enabled():
             return  # evaluation's forwards
         wait, self._wait = self._wait, None
-        watch.step(kwargs or args, data_wait_s=wait, run_commands=False)  # at on_step_end, where the Trainer saves
+        batch = kwargs or args
+        ids = self._handed.take(batch) if self._handed is not None else None
+        watch.step(batch, ids=ids, data_wait_s=wait, run_commands=False)  # at on_step_end, where the Trainer saves
         if self._epoch is not None:
             watch.log(epoch=self._epoch)
             self._epoch = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
@@ -101,9 +101,9 @@ def adapted(loader: Any) -> Any:
 
 def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
     """``iter(loader)`` and, for a map-style DataLoader that yields in order, its id recorder."""
-    base = adapted(loader)
-    if base is not None and _recordable(base) and not getattr(loader, "skip_batches", 0):
-        return _adapter_with_ids(loader, base)
+    handed = adapter_with_ids(loader, iter)
+    if handed is not None:
+        return handed
     if not _recordable(loader):
         return iter(loader), None
     existing = getattr(getattr(loader, "_iterator", None), "_index_sampler", None)
@@ -123,10 +123,19 @@ def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
     return it, recorder
 
 
-def _adapter_with_ids(adapter: Any, base: Any) -> tuple[Iterator[Any], IndexRecorder]:
-    """An adapter builds its DataLoader's iterator at its first batch, not in ``iter()`` (both are generators),
-    and Accelerate's fetches one batch ahead: the recorder stays in the DataLoader for the whole epoch, and the
-    ids still come out oldest first."""
+def adapter_with_ids(
+    adapter: Any, iterate: Callable[[Any], Iterator[Any]]
+) -> tuple[Iterator[Any], IndexRecorder] | None:
+    """An adapter's batches as ``iterate(adapter)`` hands them (``iter``, or the adapter's own ``__iter__`` where
+    that is wrapped) and its DataLoader's id recorder; None for anything else, and for an adapter that skips its
+    first batches (resuming mid-epoch: their ids would come first).
+
+    An adapter builds its DataLoader's iterator at its first batch, not in ``iter()`` (both are generators), and
+    Accelerate's fetches one batch ahead: the recorder stays in the DataLoader for the whole epoch, and the ids
+    still come out oldest first."""
+    base = adapted(adapter)
+    if base is None or not _recordable(base) or int(getattr(adapter, "skip_batches", 0) or 0):
+        return None
     attr = "batch_sampler" if base._auto_collation else "sampler"
     current = getattr(base, attr)
     original = current.sampler if isinstance(current, IndexRecorder) else current  # an epoch left unfinished
@@ -135,7 +144,7 @@ def _adapter_with_ids(adapter: Any, base: Any) -> tuple[Iterator[Any], IndexReco
     def batches() -> Iterator[Any]:
         object.__setattr__(base, attr, recorder)
         try:
-            yield from adapter
+            yield from iterate(adapter)
         finally:
             object.__setattr__(base, attr, original)
 
