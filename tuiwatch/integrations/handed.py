@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tuiwatch.integrations.loss import wrap_attribute
-from tuiwatch.publisher.loader import adapter_with_ids
+from tuiwatch.publisher.loader import adapter_with_ids, ids_of_size
 from tuiwatch.publisher.measure import first_tensor
 
 # Batches handed over and not yet seen at a forward: an accumulation window and the one drawn ahead, with room.
@@ -69,11 +69,10 @@ class HandedIds:
         first = first_tensor(inputs)
         if first is None:
             return None
-        size = first.shape[0] if first.dim() else None
         handed = self._handed
         for index, (ref, ids) in enumerate(handed):
             if ref() is first:
                 for _ in range(index + 1):  # this one, and those handed before it that no forward took
                     handed.popleft()
-                return ids if ids is not None and len(ids) == size else None
+                return ids_of_size(ids, first)
         return None

@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader
 from tuiwatch.integrations import resumed
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.integrations.metrics import eval_metrics
-from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
+from tuiwatch.publisher.loader import IndexRecorder, ids_of_size, iter_with_ids
 from tuiwatch.publisher.measure import first_tensor
 from tuiwatch.publisher.watch import Watch
 
@@ -129,9 +129,7 @@ class _Hooks:
     def _batch_ids(self, batch: Any) -> list[int] | None:
         """The ids of ``batch``, the oldest the recorder holds (Lightning draws one batch ahead), when their count
         is the batch's size: anything else (a loop that draws for itself) gets none rather than another's."""
-        ids = self._ids.pop() if self._ids is not None else None
-        first = first_tensor(batch)
-        return ids if ids is not None and first is not None and first.dim() and len(ids) == first.shape[0] else None
+        return ids_of_size(self._ids.pop() if self._ids is not None else None, first_tensor(batch))
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._unpatch is not None:

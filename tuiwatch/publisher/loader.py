@@ -55,6 +55,12 @@ class IndexRecorder:
         return self.ids.popleft() if self.ids else None
 
 
+def ids_of_size(ids: list[int] | None, first: Any) -> list[int] | None:
+    """``ids`` where their count is the batch's size (the first dimension of ``first``, its first tensor): a batch
+    paired with ids of another size gets none rather than another batch's."""
+    return ids if ids is not None and first is not None and first.dim() and len(ids) == first.shape[0] else None
+
+
 def _as_id_list(item: Any) -> list[int] | None:
     """A sampler's item as sample ids: an integer (numpy's and torch's too), or a sequence of them; None for
     keys that are not integers (a dataset indexed by file name), which the ledger's ids cannot hold."""
