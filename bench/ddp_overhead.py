@@ -28,6 +28,7 @@ WARMUP = 50
 def worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
+    from learnable import teacher_labels
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, TensorDataset
@@ -43,7 +44,9 @@ def worker(args: argparse.Namespace) -> None:
     model = DistributedDataParallel(nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 2)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     n = (args.steps + WARMUP) * 32 * 2
-    data = TensorDataset(torch.randn(n, 16), torch.randint(0, 2, (n,)))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 16, generator=g)
+    data = TensorDataset(x, teacher_labels(x, 2, g))  # learnable: a healthy run, no rule active on it
     loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, shuffle=True, seed=0))
     watch = tuiwatch.Watch(model, optimizer, name="ddp-bench", run_dir=args.run_dir) if args.arm == "watch" else None
     batches = watch.batches(loader) if watch is not None else iter(loader)

@@ -55,15 +55,25 @@ class Clock:
         }
 
 
+def mlp_data(steps: int) -> Any:
+    """Inputs of 16 and two classes a linear teacher gives them (learnable: the watched run raises no alert)."""
+    import torch
+    from learnable import teacher_labels
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((steps + WARMUP) * 32, 16, generator=g)
+    return TensorDataset(x, teacher_labels(x, 2, g))
+
+
 def plain(args: argparse.Namespace, clock: Clock) -> None:
     import torch
     from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    n = (args.steps + WARMUP) * 32
-    loader = DataLoader(TensorDataset(torch.randn(n, 16), torch.randint(0, 2, (n,))), batch_size=32, shuffle=True)
+    loader = DataLoader(mlp_data(args.steps), batch_size=32, shuffle=True)
     watch = None
     if args.arm == "watch":
         import tuiwatch
@@ -85,7 +95,7 @@ def lightning(args: argparse.Namespace, clock: Clock) -> None:
     import pytorch_lightning as pl
     import torch
     from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     import tuiwatch
 
@@ -108,8 +118,7 @@ def lightning(args: argparse.Namespace, clock: Clock) -> None:
     callbacks: list[Any] = [Timing()]
     if args.arm == "callback":
         callbacks.append(tuiwatch.lightning.TuiwatchCallback(run_dir=args.run_dir, name="bench-lightning"))
-    n = (args.steps + WARMUP) * 32
-    loader = DataLoader(TensorDataset(torch.randn(n, 16), torch.randint(0, 2, (n,))), batch_size=32, shuffle=True)
+    loader = DataLoader(mlp_data(args.steps), batch_size=32, shuffle=True)
     trainer = pl.Trainer(
         max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks, default_root_dir=args.run_dir,
@@ -119,6 +128,7 @@ def lightning(args: argparse.Namespace, clock: Clock) -> None:
 
 def hf(args: argparse.Namespace, clock: Clock) -> None:
     import torch
+    from learnable import counting_tokens
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
     import tuiwatch
@@ -127,7 +137,7 @@ def hf(args: argparse.Namespace, clock: Clock) -> None:
         def on_step_begin(self, *_: Any, **__: Any) -> None:
             clock.tick()
 
-    ids = torch.randint(0, 64, ((args.steps + WARMUP) * 4, 16))
+    ids = counting_tokens((args.steps + WARMUP) * 4, 16, 64, torch.Generator().manual_seed(0))
     data = [{"input_ids": row, "labels": row} for row in ids]
     callbacks: list[Any] = [Timing()]
     if args.arm == "callback":
@@ -148,6 +158,18 @@ def worker(args: argparse.Namespace) -> None:
     clock = Clock()
     {"plain": plain, "lightning": lightning, "hf": hf}[args.family](args, clock)
     print(json.dumps(clock.result()))
+
+
+def alerts_in(run_dir: str) -> list[str]:
+    """The warning and critical alerts of the ledgers under ``run_dir``, as rule@step."""
+    from tuiwatch.ledger.reader import read_ledger
+
+    return [
+        f"{r['rule']}@{r['step']}"
+        for ledger in sorted(Path(run_dir).rglob("ledger.jsonl"))
+        for r in read_ledger(ledger)
+        if r.get("kind") == "alert" and r.get("severity") != "info"
+    ]
 
 
 def measure(family: str, arm: str, args: argparse.Namespace, run_dir: str) -> dict[str, float]:
@@ -177,13 +199,19 @@ def main() -> None:
     families = [f for f in args.only.split(",") if f]
     print(f"load average at start: {os.getloadavg()[0]:.2f}; {args.rounds} rounds of {args.steps} steps")
     results: dict[tuple[str, str], list[dict[str, float]]] = {(f, a): [] for f in families for a in ARMS[f]}
+    alerts: dict[tuple[str, str], list[str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for family in families:
                 arms = ARMS[family]
                 for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
-                    results[family, arm].append(measure(family, arm, args, tmp))
+                    run_dir = tempfile.mkdtemp(dir=tmp)
+                    results[family, arm].append(measure(family, arm, args, run_dir))
+                    alerts.setdefault((family, arm), []).extend(alerts_in(run_dir))
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    for (family, arm), found in alerts.items():
+        if arm != "bare":  # a healthy run is what a user has: an alert here means the arm measures something else
+            print(f"alerts raised ({family}/{arm}, all rounds): {', '.join(found) or 'none'}")
     print(f"{'family':<11}{'arm':<10}{'wall µs/step':>14}{'added':>9}{'thread CPU µs/step':>20}{'added':>9}")
     for family in families:
         bare = results[family, "bare"]

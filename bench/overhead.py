@@ -34,6 +34,7 @@ from typing import Any
 
 import psutil
 import torch
+from learnable import teacher_labels
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -101,13 +102,7 @@ def loader_for(case: Case, batches: int) -> DataLoader[Any]:
     g = torch.Generator().manual_seed(0)
     n = case.batch * batches
     x = torch.randn(n, *case.in_shape, generator=g)
-    # Labels a model can learn (a random linear teacher, 10 % of them flipped at random): the watched run is a
-    # healthy one, as a user's is, and no rule stays active on it (random labels kept the tiny MLP at chance,
-    # where loss-chance fired and cost the publisher thread more a record than a learning run does).
-    teacher = torch.randn(x[0].numel(), case.classes, generator=g)
-    y = (x.flatten(1) @ teacher).argmax(1)
-    noise = torch.rand(n, generator=g) < 0.1
-    y = torch.where(noise, torch.randint(0, case.classes, (n,), generator=g), y)
+    y = teacher_labels(x, case.classes, g)  # a healthy run, as a user's is: no rule stays active on it
     return DataLoader(TensorDataset(x, y), batch_size=case.batch, shuffle=True, generator=g)
 
 

@@ -41,11 +41,13 @@ PUBLISHER = """
 import gc, sys, tempfile, time
 import torch
 from torch import nn
+from learnable import teacher_labels
 from tuiwatch import Watch
 torch.set_num_threads(1)
 steps = int(sys.argv[1])
 g = torch.Generator().manual_seed(0)
-x, y = torch.randn(64 * 50, 2, generator=g), torch.randint(0, 2, (64 * 50,), generator=g)
+x = torch.randn(64 * 50, 2, generator=g)
+y = teacher_labels(x, 2, g)  # learnable (bench/learnable.py): a healthy run, no rule active on it
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=64, generator=g, shuffle=True)
 
 def arm(watched):
