@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -292,6 +292,53 @@ def test_loss_chance_finds_the_classes_of_a_dict_output_and_names_shuffled_label
     assert fired
     assert fired[0]["evidence"]["classes"] == 4
     assert "logits" in fired[0]["evidence"]["classes_from"]
+
+
+def _loss_first_model(style: str) -> tuple[nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """A model that computes its loss inside and returns it first, and how a loop gets that loss from it."""
+    if style == "dict":
+        model = DictOutputClassifier()
+        return model, lambda x, y: model(x.float()[:, :6], y[:, 0])["loss"]
+    transformers = pytest.importorskip("transformers", reason="transformers is in the dev dependencies")
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    gpt2 = transformers.GPT2LMHeadModel(config)
+    if style == "GPT-2, return_dict=False":
+        return gpt2, lambda x, y: gpt2(input_ids=x, labels=y, return_dict=False)[0]
+    return gpt2, lambda x, y: gpt2(input_ids=x, labels=y).loss
+
+
+@pytest.mark.parametrize("style", ["GPT-2", "GPT-2, return_dict=False", "dict"])
+def test_a_nan_loss_over_finite_logits_is_named_the_losss_not_the_models(run_root: Path, style: str):
+    # A batch whose every label is masked (-100: a prompt-only or all-padding batch) makes the model's own loss
+    # 0/0 = NaN while its logits are finite. The model returns that loss first; its probe took it for the
+    # model's output and the alert said boundary=forward, sending the user to the model instead of the labels.
+    torch.manual_seed(0)
+    model, loss_of = _loss_first_model(style)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    # The gradients stay finite (zero: no label counts), so the default "stop" lets the run go on; the alert is
+    # critical all the same.
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for i in range(6):
+            x = torch.randint(0, 4, (4, 16), generator=g)
+            y = torch.full_like(x, -100) if i == 4 else x
+            watch.step(batch={"input_ids": x, "labels": y})
+            loss = loss_of(x, y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3, 4, 5]
+    assert steps[3]["finite"] == {"batch": True, "forward": True, "loss": True, "grad": True, "param": None}
+    assert steps[4]["finite"]["forward"] is True
+    assert steps[4]["finite"]["loss"] is False
+    assert math.isnan(steps[4]["loss"])
+    fired = [(a["rule"], a["step"], a["severity"]) for a in _alerts(watch) if a["severity"] != "info"]
+    assert fired == [("nonfinite", 4, "critical")]
+    alert = _alerts(watch)[0]
+    assert alert["evidence"]["boundary"] == "loss"
+    assert "boundary=loss" in alert["message"]
 
 
 def test_a_two_output_regression_near_ln_2_is_not_a_classifier_at_chance(run_root: Path):

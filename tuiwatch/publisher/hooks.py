@@ -32,7 +32,14 @@ from tuiwatch.publisher.closures import after_first_call, step_closure, with_clo
 from tuiwatch.publisher.compiling import graph_must_stay_whole, uncompiled
 from tuiwatch.publisher.deferred import defer, defer_tensor, device_mark
 from tuiwatch.publisher.failures import Failures
-from tuiwatch.publisher.measure import NO_BATCH, class_count, finiteness_probe, first_tensor, gradient_norm, total_norm
+from tuiwatch.publisher.measure import (
+    NO_BATCH,
+    class_count,
+    finiteness_probe,
+    gradient_norm,
+    output_tensor,
+    total_norm,
+)
 from tuiwatch.publisher.optimizers import inner_optimizer
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.steps import StepTracker
@@ -387,7 +394,7 @@ class ModelHooks:
         if s.forward_probe is not None or not s.measured:
             return
         try:
-            out = output if type(output) is torch.Tensor else first_tensor(output)
+            out = output if type(output) is torch.Tensor else output_tensor(output)
             if out is not None:
                 dtype = out.dtype  # read once for the test and the probe: each call into torch is a cold one here
                 if dtype.is_floating_point:

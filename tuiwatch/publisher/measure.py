@@ -80,6 +80,35 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
     return logits if isinstance(logits, torch.Tensor) else None
 
 
+def output_tensor(output: Any) -> torch.Tensor | None:
+    """The tensor of a model's output whose finiteness is the model's: itself, its logits, or its first tensor
+    that is not a loss.
+
+    A Hugging Face model given labels returns its loss first (``CausalLMOutput(loss=..., logits=...)``, or
+    ``(loss, logits, ...)`` with ``return_dict=False``), and so do models of one's own that return
+    ``{"loss": ..., "logits": ...}``. That loss is the chain's next link, computed inside the model: a batch
+    whose every label is masked (a prompt-only or all-padding batch) gives a NaN loss (0/0) over finite logits,
+    which is the loss's failure, not the model's. A sequence has no names: its first tensor with a dimension
+    (a loss is a scalar, a model's output has its batch), else its first.
+    """
+    kind = type(output)
+    if kind is tuple or kind is list:
+        first = None
+        for v in output:
+            if isinstance(v, torch.Tensor):
+                if v.dim():
+                    return v
+                first = v if first is None else first
+        return first
+    if isinstance(output, Mapping):
+        logits = output.get("logits")
+        if isinstance(logits, torch.Tensor):
+            return logits
+        return next((v for k, v in output.items() if k != "loss" and isinstance(v, torch.Tensor)), None)
+    logits = getattr(output, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else first_tensor(output)
+
+
 NO_BATCH = object()  # class_count's batch where the step's batch was not seen (a loop without a loader or step(batch=))
 
 
