@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,9 @@ import torch
 from torch import nn
 
 from tuiwatch.analysis.report import as_text, summarize
+from tuiwatch.errors import NonFiniteError
 from tuiwatch.ledger.records import Record
+from tuiwatch.publisher.dumps import Dump, load_dump
 from tuiwatch.publisher.measure import NO_BATCH, class_count
 from tuiwatch.publisher.watch import Watch
 
@@ -339,6 +342,77 @@ def test_a_nan_loss_over_finite_logits_is_named_the_losss_not_the_models(run_roo
     alert = _alerts(watch)[0]
     assert alert["evidence"]["boundary"] == "loss"
     assert "boundary=loss" in alert["message"]
+
+
+@dataclass
+class Pairs:
+    """A batch class of one's own, as research code writes them: ``batch.x``, ``batch.y``."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class Graph:
+    """A batch object of a kind the Watch does not walk (a graph library's ``Batch``)."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+
+
+def test_a_dataclass_batch_is_recorded_and_a_nan_in_it_is_named_the_datas(run_root: Path):
+    # A dataclass batch was a leaf the Watch did not look into: no shapes, no probe, and `finite.batch` said true
+    # without having looked, so a NaN in the data was named boundary=forward (the model) and its dump kept the
+    # batch as text.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    x[37, 2] = math.nan  # sample 37: the fifth batch of 8, in order
+    data = torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+
+    def collate(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> Pairs:
+        return Pairs(torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]))
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
+    with pytest.raises(NonFiniteError, match="boundary=batch"), watch:
+        for batch in watch.batches(torch.utils.data.DataLoader(data, batch_size=8, collate_fn=collate)):
+            loss = nn.functional.cross_entropy(model(batch.x), batch.y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3, 4]
+    assert steps[0]["batch_shape"] == {"x": [8, 4], "y": [8]}
+    assert steps[3]["finite"]["batch"] is True
+    assert steps[4]["finite"]["batch"] is False
+    alert = _alerts(watch)[0]
+    assert (alert["rule"], alert["step"], alert["evidence"]["boundary"]) == ("nonfinite", 4, "batch")
+    assert alert["evidence"]["nonfinite_sample_ids"] == [37]
+    dumped = load_dump(alert["evidence"]["dump"])
+    assert isinstance(dumped, Dump)
+    assert set(dumped.batch) == {"x", "y"}  # its fields, as a dict: the tensors, not the dataclass's text
+    assert torch.isnan(dumped.batch["x"][5, 2])
+
+
+def test_a_batch_object_whose_tensors_are_not_found_is_not_called_finite(run_root: Path):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(2):
+            batch = Graph(torch.randn(8, 4))
+            watch.step(batch=batch)
+            loss = model(batch.x).sum()
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = _steps(watch)
+    assert [s["batch_shape"] for s in steps] == [None, None]
+    assert [s["finite"]["batch"] for s in steps] == [None, None]  # not looked at: not measured, not "finite"
+    assert [s["finite"]["forward"] for s in steps] == [True, True]
 
 
 def test_a_two_output_regression_near_ln_2_is_not_a_classifier_at_chance(run_root: Path):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 import torch
 
 from tuiwatch.publisher.deferred import defer
+from tuiwatch.publisher.nested import is_dataclass_instance
 
 _WIDE_FLOATS = (torch.float32, torch.float64)
 # Up to this many tensors, adding per-tensor norms in Python beats stack + norm on the CPU.
@@ -165,6 +167,8 @@ def _shape_and_tensors(
         return [_shape_and_tensors(v, tensors, shape) for v in batch]
     if isinstance(batch, Mapping):
         return {str(k): _shape_and_tensors(v, tensors, shape) for k, v in batch.items()}
+    if is_dataclass_instance(batch):  # a batch class of one's own (@dataclass class Batch: x, y): by its fields
+        return {f.name: _shape_and_tensors(getattr(batch, f.name, None), tensors, shape) for f in fields(batch)}
     return None
 
 
@@ -184,7 +188,7 @@ class BatchInfo:
     read (1-3 µs a batch less than asking each tensor again).
     """
 
-    __slots__ = ("finite_probe", "nbytes", "shape", "size", "tokens")
+    __slots__ = ("finite_probe", "nbytes", "seen", "shape", "size", "tokens")
 
     def __init__(self, batch: Any):
         try:
@@ -211,6 +215,8 @@ class BatchInfo:
                     value = finiteness_probe(t, dtype)
                     probe = value if probe is None else probe + value
             self.nbytes = nbytes
+            # No tensor found (a batch object of a kind not walked): its finiteness is not known, not "finite".
+            self.seen = bool(tensors)
             self.finite_probe: Any = None if probe is None else defer(probe)
             shape = shapes[0] if shapes else []
             self.size: int | None = shape[0] if shape else None
@@ -235,6 +241,7 @@ class BatchInfo:
         nested tensors). Rare, so slow."""
         tensors: list[torch.Tensor] = []
         self.shape = _shape_and_tensors(batch, tensors, _shape_or_none)
+        self.seen = bool(tensors)
         self.nbytes = sum(_held_bytes(t) for t in tensors)
         probe: Any = None
         for t in tensors:

@@ -176,7 +176,7 @@ class StepState:
             "mem_reserved": mem.reserved if mem else None,
             "mem_peak": mem.peak if mem else None,
             "finite": {
-                "batch": True if batch is not None and batch_probe is None else _is_finite(batch_probe),
+                "batch": _batch_finite(batch_probe, self.batches()),
                 "forward": _is_finite(forward_probe),
                 "loss": _is_finite(metrics.get("loss")),
                 "grad": _is_finite(grad_norm),
@@ -203,6 +203,14 @@ class StepState:
 
 def _no_phases() -> dict[str, float | None]:
     return {"forward_s": None, "backward_s": None, "optimizer_s": None}
+
+
+def _batch_finite(probe: Any, batches: list[BatchInfo]) -> bool | None:
+    """The batch boundary: its probe's answer; true for batches without a float tensor; null where no tensor was
+    found in a batch at all (an object whose tensors are not walked: their finiteness is not known)."""
+    if probe is not None:
+        return _is_finite(probe)
+    return True if batches and all(b.seen for b in batches) else None
 
 
 def _batch_totals(batches: list[BatchInfo]) -> tuple[int | None, int | None, Any]:
