@@ -302,6 +302,9 @@ def _loss_first_model(style: str) -> tuple[nn.Module, Callable[[torch.Tensor, to
     if style == "dict":
         model = DictOutputClassifier()
         return model, lambda x, y: model(x.float()[:, :6], y[:, 0])["loss"]
+    if style == "dataclass":
+        scored = ScoredClassifier()
+        return scored, lambda x, y: scored(x.float()[:, :6], y[:, 0]).loss
     transformers = pytest.importorskip("transformers", reason="transformers is in the dev dependencies")
     config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     gpt2 = transformers.GPT2LMHeadModel(config)
@@ -310,7 +313,21 @@ def _loss_first_model(style: str) -> tuple[nn.Module, Callable[[torch.Tensor, to
     return gpt2, lambda x, y: gpt2(input_ids=x, labels=y).loss
 
 
-@pytest.mark.parametrize("style", ["GPT-2", "GPT-2, return_dict=False", "dict"])
+@dataclass
+class Scored:
+    loss: torch.Tensor
+    scores: torch.Tensor
+
+
+class ScoredClassifier(DictOutputClassifier):
+    """The same model, its output a dataclass of one's own with no field named logits."""
+
+    def forward(self, features: torch.Tensor, labels: torch.Tensor) -> Scored:  # type: ignore[override]
+        out = super().forward(features, labels)
+        return Scored(out["loss"], out["logits"])
+
+
+@pytest.mark.parametrize("style", ["GPT-2", "GPT-2, return_dict=False", "dict", "dataclass"])
 def test_a_nan_loss_over_finite_logits_is_named_the_losss_not_the_models(run_root: Path, style: str):
     # A batch whose every label is masked (-100: a prompt-only or all-padding batch) makes the model's own loss
     # 0/0 = NaN while its logits are finite. The model returns that loss first; its probe took it for the

@@ -108,7 +108,15 @@ def output_tensor(output: Any) -> torch.Tensor | None:
             return logits
         return next((v for k, v in output.items() if k != "loss" and isinstance(v, torch.Tensor)), None)
     logits = getattr(output, "logits", None)
-    return logits if isinstance(logits, torch.Tensor) else first_tensor(output)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if is_dataclass_instance(output):  # an output class of one's own: its first tensor field not named loss
+        for f in fields(output):
+            value = getattr(output, f.name, None)
+            if f.name != "loss" and isinstance(value, torch.Tensor):
+                return value
+        return None
+    return first_tensor(output)
 
 
 NO_BATCH = object()  # class_count's batch where the step's batch was not seen (a loop without a loader or step(batch=))
