@@ -141,7 +141,8 @@ class StepState:
         t = self.t_end or time.time()
         grad_norm = _number(self.grad_norm)
         batch = self.batch
-        batch_size, tokens, batch_probe = _batch_totals(self.batches())
+        batches = self.batches()
+        batch_size, tokens, batch_probe = _batch_totals(batches)
         compute_s = _number(self.compute_s)
         total_s = (self.data_wait_s or 0.0) + (compute_s or 0.0)
         mem = self.mem
@@ -176,7 +177,7 @@ class StepState:
             "mem_reserved": mem.reserved if mem else None,
             "mem_peak": mem.peak if mem else None,
             "finite": {
-                "batch": _batch_finite(batch_probe, self.batches()),
+                "batch": _is_finite(batch_probe) if batch_probe is not None else _unprobed(batches),
                 "forward": _is_finite(forward_probe),
                 "loss": _is_finite(metrics.get("loss")),
                 "grad": _is_finite(grad_norm),
@@ -205,12 +206,14 @@ def _no_phases() -> dict[str, float | None]:
     return {"forward_s": None, "backward_s": None, "optimizer_s": None}
 
 
-def _batch_finite(probe: Any, batches: list[BatchInfo]) -> bool | None:
-    """The batch boundary: its probe's answer; true for batches without a float tensor; null where no tensor was
-    found in a batch at all (an object whose tensors are not walked: their finiteness is not known)."""
-    if probe is not None:
-        return _is_finite(probe)
-    return True if batches and all(b.seen for b in batches) else None
+def _unprobed(batches: list[BatchInfo]) -> bool | None:
+    """The batch boundary of a step whose batches gave no probe: true when they hold no float tensor; null where
+    no tensor was found in one at all (an object whose tensors are not walked: their finiteness is not known),
+    or no batch was seen."""
+    for b in batches:
+        if not b.seen:
+            return None
+    return True if batches else None
 
 
 def _batch_totals(batches: list[BatchInfo]) -> tuple[int | None, int | None, Any]:
