@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -231,10 +232,16 @@ def test_a_batchs_ids_are_the_recorders_oldest_when_their_count_is_its_size():
     from tuiwatch.integrations.lightning import TuiwatchCallback
     from tuiwatch.publisher.loader import IndexRecorder
 
+    @dataclasses.dataclass
+    class Pairs:  # a batch class of one's own, which Lightning moves to the device field by field
+        x: torch.Tensor
+        y: torch.Tensor
+
     hooks = TuiwatchCallback()
-    hooks._ids = IndexRecorder([[0, 1], [2, 3], [4, 5, 6]])
+    hooks._ids = IndexRecorder([[0, 1], [2, 3], [7, 8], [4, 5, 6]])
     list(hooks._ids)  # drawn ahead, as Lightning's fetcher does
     assert hooks._batch_ids((torch.zeros(2, 3), torch.zeros(2))) == [0, 1]
     assert hooks._batch_ids({"input_ids": torch.zeros(2, 5), "labels": torch.zeros(2)}) == [2, 3]
+    assert hooks._batch_ids(Pairs(torch.zeros(2, 3), torch.zeros(2))) == [7, 8]
     assert hooks._batch_ids(torch.zeros(2, 3)) is None  # 3 ids for 2 rows: another batch's, so none
     assert hooks._batch_ids(torch.zeros(2, 3)) is None  # none left

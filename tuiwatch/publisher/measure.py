@@ -71,10 +71,12 @@ def finiteness_probe(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch
 
 
 def first_tensor(obj: Any) -> torch.Tensor | None:
-    """The first tensor in a model output or batch: a tensor, a sequence, a mapping, or ``.logits``."""
+    """The first tensor in a model output or batch: a tensor, a sequence, a mapping, a dataclass, or ``.logits``."""
     if isinstance(obj, torch.Tensor):
         return obj
     values = obj.values() if isinstance(obj, Mapping) else obj if isinstance(obj, list | tuple) else ()
+    if not values and is_dataclass_instance(obj):
+        values = [getattr(obj, f.name, None) for f in fields(obj)]
     for v in values:
         if isinstance(v, torch.Tensor):
             return v
