@@ -97,13 +97,14 @@ def output_tensor(output: Any) -> torch.Tensor | None:
     """
     kind = type(output)
     if kind is tuple or kind is list:
-        first = None
+        scalar = None
         for v in output:
             if isinstance(v, torch.Tensor):
                 if v.dim():
                     return v
-                first = v if first is None else first
-        return first
+                if scalar is None:
+                    scalar = v
+        return scalar
     if isinstance(output, Mapping):
         logits = output.get("logits")
         if isinstance(logits, torch.Tensor):
