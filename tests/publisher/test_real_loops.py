@@ -432,6 +432,47 @@ def test_a_batch_object_whose_tensors_are_not_found_is_not_called_finite(run_roo
     assert [s["finite"]["forward"] for s in steps] == [True, True]
 
 
+class Imputing(nn.Module):
+    """Missing values encoded as NaN in the inputs, imputed inside the forward (zeros and a mask channel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        missing = torch.isnan(x)
+        out: torch.Tensor = self.net(torch.cat([torch.nan_to_num(x), missing.float()], dim=1))
+        return out
+
+
+def test_missing_values_as_nan_that_the_model_imputes_are_one_info_not_a_critical_alert(run_root: Path):
+    # A healthy run whose data holds NaN by design: the batch is non-finite at nearly every step, the output and
+    # the loss never are. It raised a critical nonfinite alert at step 0, active for the whole run, with a dump.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(640, 4, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    x[torch.rand(640, 4, generator=g) < 0.1] = math.nan  # 10 % missing
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, generator=g)
+    torch.manual_seed(0)
+    model = Imputing()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(3):
+            for xb, yb in watch.batches(loader):
+                loss = nn.functional.cross_entropy(model(xb), yb)
+                watch.log(loss=loss)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    steps = _steps(watch)
+    assert len(steps) == 60
+    assert sum(s["finite"]["batch"] is False for s in steps) > 50
+    assert all(s["finite"]["forward"] and s["finite"]["loss"] for s in steps)
+    assert [(a["rule"], a["step"], a["severity"]) for a in _alerts(watch)] == [("nonfinite", 0, "info")]
+    assert not (watch.ledger_path.parent / "dumps").exists()  # type: ignore[union-attr]
+    assert steps[-1]["loss"] < steps[0]["loss"]
+
+
 def test_a_two_output_regression_near_ln_2_is_not_a_classifier_at_chance(run_root: Path):
     # A healthy regression whose targets hold noise of variance 0.7 no model can predict: its MSE settles near
     # ln 2 = 0.693. Its (batch, 2) output alone looked like two classes, and loss-chance said "labels shuffled?".

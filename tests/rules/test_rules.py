@@ -86,6 +86,36 @@ def test_nonfinite_advice_follows_the_boundary_and_numbers_are_short():
     assert "batch" not in alert["next_check"]
 
 
+def test_a_nonfinite_batch_the_model_handles_is_one_info_for_the_run_not_a_critical_episode():
+    # Missing values encoded as NaN and imputed inside the forward: the batch is non-finite at nearly every step,
+    # the output, loss and gradients are not. That was a critical alert, active for the whole healthy run.
+    handled = {**FINITE, "batch": False}
+    records = [step(i, finite=handled if i % 3 else dict(FINITE), batch_ids=[i, 100 + i]) for i in range(60)]
+    alerts = Diagnosis(["nonfinite"]).run(records)
+    assert [(a["step"], a["severity"]) for a in alerts] == [(1, "info")]
+    assert alerts[0]["evidence"] == {"boundary": "batch", "handled": True, "batch_ids": [1, 101]}
+    assert "the model handles them" in alerts[0]["message"]
+    # Where the NaN reaches the loss (a NaN target) or the gradients, the batch is the broken link, as before.
+    for failed in ({"loss": False}, {"grad": False}):
+        bad = step(5, finite={**handled, **failed})
+        assert fired([step(0), bad], "nonfinite") == [("nonfinite", 5, "critical")]
+        assert Diagnosis(["nonfinite"]).run([step(0), bad])[0]["evidence"]["boundary"] == "batch"
+    # A real episode (the model's output went NaN) ends at a step whose only non-finite value is a handled batch.
+    diverged = step(3, finite={**handled, "forward": False, "loss": False})
+    records = [step(0, finite=handled), step(1), step(2, finite=handled), diverged, step(4, finite=handled)]
+    alerts = Diagnosis(["nonfinite"]).run(records)
+    assert [(a["step"], a["severity"]) for a in alerts] == [(0, "info"), (3, "critical"), (4, "info")]
+    # The batch is the first non-finite link, but this run's batches always were: the message says so.
+    assert alerts[1]["message"].endswith("; the model handled non-finite batches before (step 0): look at forward too")
+    assert alerts[1]["evidence"]["batch_handled_at"] == 0
+    # A lone non-finite batch whose output and loss were not measured stays critical, named the batch's.
+    unmeasured = step(7, finite={"batch": False, "forward": None, "loss": None, "grad": None, "param": None})
+    assert fired([step(0, finite=handled), unmeasured], "nonfinite") == [
+        ("nonfinite", 0, "info"),
+        ("nonfinite", 7, "critical"),
+    ]
+
+
 def test_grad_explosion_fires_when_norm_grows_100x():
     records = [step(i) for i in range(30)] + [step(30, grad_norm=4.0), step(31, grad_norm=800.0)]
     alerts = Diagnosis(["grad-explosion"]).run(records)

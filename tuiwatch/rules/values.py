@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.numbers import number
 from tuiwatch.ledger.records import FINITE_BOUNDARIES, AlertRecord, Record, alert_record
@@ -32,6 +34,12 @@ class NonFinite(Rule):
     critical when the scaler skipped ``max_skips`` steps in a row, when the
     scale has fallen below 1 (the gradients are not finite even unscaled),
     and whenever the batch, forward, loss or parameters fail.
+
+    A batch that holds NaN/inf while the model's output (or the loss) stays
+    finite is one the model handles: missing values encoded as NaN and
+    imputed or masked inside the forward, NaN in padding it never reads.
+    Nothing downstream broke, so that is one ``info`` alert for the run, not
+    a critical episode, and such a step ends an episode as a finite one does.
     """
 
     id = "nonfinite"
@@ -41,6 +49,8 @@ class NonFinite(Rule):
         self.max_skips = max_skips
         self.last_scale: float | None = None
         self.skips = 0  # steps the scaler skipped in a row
+        self.handled_said = False  # the info on a non-finite batch the model handles: once a run
+        self.handled_at: Any = None  # ... and its step
 
     def observe(self, record: Record) -> AlertRecord | None:
         scale = num(record.get("scale"))
@@ -48,7 +58,7 @@ class NonFinite(Rule):
             if record.get("opt_step") is not None:
                 self.skips = 0
             found = self.check(record)
-            self.active = found is not None
+            self.active = found is not None and found["severity"] == "critical"
             return found
         skipped = self._scaler_skip(record)
         if scale is not None:
@@ -70,7 +80,11 @@ class NonFinite(Rule):
                 {"boundary": "grad", "scaler_skips": self.skips, "scale": scale},
                 "the loss or the model in fp16: a value past the fp16 range (bf16 or fp32 for that part), the lr",
             )
-        return super().observe(record)
+        if self.active:
+            return super().observe(record)
+        found = self.check(record)
+        self.active = found is not None and found["severity"] == "critical"
+        return found
 
     def _scaler_skip(self, record: Record) -> AlertRecord | None:
         """The info alert for a step the GradScaler skipped as designed, or None."""
@@ -102,6 +116,8 @@ class NonFinite(Rule):
         failed = [b for b in FINITE_BOUNDARIES if finite.get(b) is False]
         if not failed:
             return None
+        if _handled_batch(failed, finite):
+            return None if self.handled_said else self._handled(record)
         boundary = failed[0]
         loss, norm = record.get("loss"), record.get("grad_norm")
         ids = record.get("batch_ids")
@@ -112,15 +128,42 @@ class NonFinite(Rule):
             "grad_norm": norm,
             "batch_ids": ids[:64] if isinstance(ids, list) else None,
         }
+        message = (
+            f"first at step {record.get('step')}, boundary={boundary} (loss {number(loss)}, grad norm {number(norm)})"
+        )
+        if boundary == "batch" and self.handled_said and len(failed) > 1:
+            # Non-finite batches are this run's usual, so the batch is not the only suspect: say so, name no other.
+            evidence["batch_handled_at"] = self.handled_at
+            message += (
+                f"; the model handled non-finite batches before (step {self.handled_at}): look at {failed[1]} too"
+            )
+        return alert_record(
+            self.id, "critical", record.get("step"), message, evidence, ADVICE.get(boundary, f"the {boundary} boundary")
+        )
+
+    def _handled(self, record: Record) -> AlertRecord:
+        self.handled_said, self.handled_at = True, record.get("step")
+        ids = record.get("batch_ids")
         return alert_record(
             self.id,
-            "critical",
+            "info",
             record.get("step"),
-            f"first at step {record.get('step')}, boundary={boundary} (loss {number(loss)}, grad norm {number(norm)})",
-            evidence,
-            ADVICE.get(boundary, f"the {boundary} boundary"),
+            f"step {record.get('step')}'s batch holds NaN/inf and the model's output stays finite: the model handles "
+            "them (missing values by design?); said once",
+            {"boundary": "batch", "handled": True, "batch_ids": ids[:64] if isinstance(ids, list) else None},
+            "nothing, if the data holds NaN on purpose (missing values the model imputes or masks); otherwise the "
+            "dataset and transforms, for these samples",
         )
 
     def clears(self, record: Record) -> bool:
         finite = record.get("finite")
-        return isinstance(finite, dict) and False not in finite.values()
+        if not isinstance(finite, dict):
+            return False
+        if False not in finite.values():
+            return True
+        return _handled_batch([b for b in FINITE_BOUNDARIES if finite.get(b) is False], finite)
+
+
+def _handled_batch(failed: list[str], finite: dict[str, object]) -> bool:
+    """Only the batch is non-finite, and the model's output or the loss was measured finite: the model handles it."""
+    return failed == ["batch"] and (finite.get("forward") is True or finite.get("loss") is True)
