@@ -208,8 +208,13 @@ class Paired:
     def added(self, clock: str, kind: str = "watched") -> tuple[float, float, float]:
         """Median added seconds per step over the bare loop of the same round, and its interquartile range."""
         series = self.wall if clock == "wall" else self.cpu
-        d = sorted(w - x for x, w in zip(series["bare"], series[kind], strict=True))
-        return statistics.median(d), d[len(d) // 4], d[(3 * len(d)) // 4]
+        return iqr([w - x for x, w in zip(series["bare"], series[kind], strict=True)])
+
+
+def iqr(values: list[float]) -> tuple[float, float, float]:
+    """The median of ``values`` and its interquartile range."""
+    d = sorted(values)
+    return statistics.median(d), d[len(d) // 4], d[(3 * len(d)) // 4]
 
 
 def ab(case: Case, rounds: int, run_dir: Path) -> Paired:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from overhead import CASES, Arm, loader_for
+from overhead import CASES, Arm, iqr, loader_for
 
 from tuiwatch.ledger.codec import encode
 
@@ -83,11 +83,6 @@ class Piped:
         assert self.child.stdin is not None
         self.child.stdin.close()
         self.child.wait(30)
-
-
-def iqr(values: list[float]) -> tuple[float, float, float]:
-    d = sorted(values)
-    return statistics.median(d), d[len(d) // 4], d[(3 * len(d)) // 4]
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import json
 import os
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,7 +34,7 @@ from tuiwatch.ledger.records import AlertRecord, Record
 from tuiwatch.publisher.atomic import Directory
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 from tuiwatch.publisher.environment import environment
-from tuiwatch.publisher.nested import is_dataclass_instance, tensors
+from tuiwatch.publisher.nested import fields_of, tensors
 
 DUMP_REASONS = ("nonfinite", "oom", "loss-spike")
 
@@ -109,8 +109,8 @@ def _to_cpu(obj: Any) -> Any:
         return {k: _to_cpu(v) for k, v in obj.items()}
     if obj is None or isinstance(obj, int | float | str | bool):
         return obj
-    if is_dataclass_instance(obj):  # a batch class of one's own: its fields as a dict (weights_only loads no class)
-        return {f.name: _to_cpu(getattr(obj, f.name, None)) for f in fields(obj)}
+    if (named := fields_of(obj)) is not None:  # a batch class of one's own: a dict (weights_only loads no class)
+        return _to_cpu(named)
     return repr(obj)  # what weights_only loading cannot take back is kept as text
 
 

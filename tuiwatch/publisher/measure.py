@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields
 from typing import Any
 
 import torch
 
 from tuiwatch.publisher.deferred import defer
-from tuiwatch.publisher.nested import is_dataclass_instance
+from tuiwatch.publisher.nested import fields_of
 
 _WIDE_FLOATS = (torch.float32, torch.float64)
 # Up to this many tensors, adding per-tensor norms in Python beats stack + norm on the CPU.
@@ -75,8 +74,8 @@ def first_tensor(obj: Any) -> torch.Tensor | None:
     if isinstance(obj, torch.Tensor):
         return obj
     values = obj.values() if isinstance(obj, Mapping) else obj if isinstance(obj, list | tuple) else ()
-    if not values and is_dataclass_instance(obj):
-        values = [getattr(obj, f.name, None) for f in fields(obj)]
+    if not values:
+        values = (fields_of(obj) or {}).values()
     for v in values:
         if isinstance(v, torch.Tensor):
             return v
@@ -106,20 +105,16 @@ def output_tensor(output: Any) -> torch.Tensor | None:
                     scalar = v
         return scalar
     if isinstance(output, Mapping):
+        named: Mapping[Any, Any] | None = output
         logits = output.get("logits")
-        if isinstance(logits, torch.Tensor):
-            return logits
-        return next((v for k, v in output.items() if k != "loss" and isinstance(v, torch.Tensor)), None)
-    logits = getattr(output, "logits", None)
+    else:  # an output class of one's own (a dataclass: by its fields), or an object with .logits
+        named = fields_of(output)
+        logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
-    if is_dataclass_instance(output):  # an output class of one's own: its first tensor field not named loss
-        for f in fields(output):
-            value = getattr(output, f.name, None)
-            if f.name != "loss" and isinstance(value, torch.Tensor):
-                return value
-        return None
-    return first_tensor(output)
+    if named is None:
+        return first_tensor(output)
+    return next((v for k, v in named.items() if k != "loss" and isinstance(v, torch.Tensor)), None)
 
 
 NO_BATCH = object()  # class_count's batch where the step's batch was not seen (a loop without a loader or step(batch=))
@@ -178,9 +173,8 @@ def _shape_and_tensors(
         return [_shape_and_tensors(v, tensors, shape) for v in batch]
     if isinstance(batch, Mapping):
         return {str(k): _shape_and_tensors(v, tensors, shape) for k, v in batch.items()}
-    if is_dataclass_instance(batch):  # a batch class of one's own (@dataclass class Batch: x, y): by its fields
-        return {f.name: _shape_and_tensors(getattr(batch, f.name, None), tensors, shape) for f in fields(batch)}
-    return None
+    named = fields_of(batch)  # a batch class of one's own (@dataclass class Batch: x, y): by its fields
+    return None if named is None else {k: _shape_and_tensors(v, tensors, shape) for k, v in named.items()}
 
 
 def _all_tensors(values: list[Any] | tuple[Any, ...]) -> bool:

@@ -19,13 +19,15 @@ def tensors(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, Mapping):
         for v in obj.values():
             yield from tensors(v)
-    elif is_dataclass_instance(obj):
-        for f in fields(obj):
-            yield from tensors(getattr(obj, f.name, None))
+    elif (named := fields_of(obj)) is not None:
+        for v in named.values():
+            yield from tensors(v)
     elif isinstance(getattr(obj, "logits", None), torch.Tensor):
         yield obj.logits
 
 
-def is_dataclass_instance(obj: Any) -> bool:
-    """Whether ``obj`` is an instance of a dataclass (a batch class of one's own), not the class itself."""
-    return hasattr(type(obj), "__dataclass_fields__") and not isinstance(obj, type)
+def fields_of(obj: Any) -> dict[str, Any] | None:
+    """A dataclass instance's fields by name (a batch or output class of one's own); None for anything else."""
+    if not hasattr(type(obj), "__dataclass_fields__") or isinstance(obj, type):
+        return None
+    return {f.name: getattr(obj, f.name, None) for f in fields(obj)}

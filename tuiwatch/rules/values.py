@@ -57,9 +57,7 @@ class NonFinite(Rule):
         if scale is None and not self.active:  # no GradScaler (the usual): the finite flags alone
             if record.get("opt_step") is not None:
                 self.skips = 0
-            found = self.check(record)
-            self.active = found is not None and found["severity"] == "critical"
-            return found
+            return self._begins(record)
         skipped = self._scaler_skip(record)
         if scale is not None:
             self.last_scale = scale
@@ -80,8 +78,11 @@ class NonFinite(Rule):
                 {"boundary": "grad", "scaler_skips": self.skips, "scale": scale},
                 "the loss or the model in fp16: a value past the fp16 range (bf16 or fp32 for that part), the lr",
             )
-        if self.active:
-            return super().observe(record)
+        return super().observe(record) if self.active else self._begins(record)
+
+    def _begins(self, record: Record) -> AlertRecord | None:
+        """The alert this record raises with no episode active; a critical one begins an episode (an info does
+        not: a handled batch's note)."""
         found = self.check(record)
         self.active = found is not None and found["severity"] == "critical"
         return found
