@@ -228,6 +228,23 @@ def test_an_lbfgs_step_records_its_first_closure_evaluation(tmp_path: Path, sock
     )
 
 
+def test_manual_optimization_with_muon_and_adamw_records_both_optimizers_steps(tmp_path: Path, socket_dir: Path):
+    """Two optimizers stepping one module (manual optimization): the lr of both, the update of both. The first
+    optimizer alone was watched: the update norm was AdamW's, over the biases only."""
+    done = fit(tmp_path, socket_dir, "--muon", "--epochs", "1", "--truth", str(tmp_path / "t.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    truth = json.loads((tmp_path / "t.json").read_text())
+    ledger = ledger_file(tmp_path / "runs")
+    steps = records(ledger, "step")
+    assert [s["step"] for s in steps] == list(range(STEPS_PER_EPOCH))
+    assert [s["opt_step"] for s in steps] == list(range(1, STEPS_PER_EPOCH + 1))
+    assert all(s["lr"] == [1e-3, 0.02] for s in steps)
+    assert [s["loss"] for s in steps] == pytest.approx(truth["losses"])
+    sampled = [(s["step"], s["update_norm"]) for s in steps if s["update_norm"] is not None]
+    assert sampled == [(0, pytest.approx(truth["updates"][0], rel=1e-5)), (10, pytest.approx(truth["updates"][10]))]
+    assert records(ledger, "run")[0]["optimizer"] == "AdamW + Muon"
+
+
 def test_a_batchs_ids_are_the_recorders_oldest_when_their_count_is_its_size():
     from tuiwatch.integrations.lightning import TuiwatchCallback
     from tuiwatch.publisher.loader import IndexRecorder

@@ -76,7 +76,8 @@ def _callback_bases() -> tuple[type, ...]:
 
 
 NOT_SEEN = [
-    "optimizers after the first (manual optimization, GANs): only the first is watched",
+    "with several optimizers (manual optimization), gradients a later optimizer steps on after a backward of its "
+    "own (a GAN's generator): the gradient norm and the non-finite check are the step's first optimizer's",
     "data wait is the time between batches, less validation: Lightning's fetch itself is not timed",
 ]
 VALIDATION_PREFIXES = ("val_", "val/", "valid_", "validation_", "validation/")
@@ -149,10 +150,11 @@ class _Hooks:
             # job by, so rank 0's id goes to all (on_train_start runs on every rank: the broadcast is collective).
             options["run_id"] = trainer.strategy.broadcast(uuid.uuid4().hex[:12], src=0)
         self._trainer = trainer
+        several = len(optimizers) > 1  # manual optimization: Muon beside AdamW, or a GAN's two halves
         self.watch = Watch(
             pl_module,
-            optimizers[0] if optimizers else None,
-            scheduler=configs[0].scheduler if configs else None,
+            list(optimizers) if several else optimizers[0] if optimizers else None,
+            scheduler=[c.scheduler for c in configs] if several else configs[0].scheduler if configs else None,
             step_per="optimizer" if optimizers else "batch",
             late_gradients=True,
             checkpoint_with=self._lightning_checkpoint,

@@ -49,8 +49,8 @@ class Checkpoint:
     batch_index: int
     opt_steps: int
     model: dict[str, Any]
-    optimizer: dict[str, Any] | None
-    scheduler: dict[str, Any] | None
+    optimizer: dict[str, Any] | list[dict[str, Any]] | None  # a list for several optimizers, in their order
+    scheduler: dict[str, Any] | list[dict[str, Any]] | None
     scaler: dict[str, Any] | None
     rng: dict[str, Any]
     epoch_rng: dict[str, Any] | None

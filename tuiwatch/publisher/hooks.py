@@ -6,6 +6,11 @@
   for ``optimizer.step(closure)``), and a copy of the parameters when the
   update norm is sampled;
 - optimizer step post-hook: lr per group, the parameter and update norms;
+- several optimizers on one model (``Muon`` for the matrices beside
+  ``AdamW`` for the rest): the step's first pre-hook measures the gradients
+  and takes the snapshot, each post-hook reads the lr of them all, and the
+  parameter and update norms are read when the step ends, after every one
+  of them has stepped;
 - forward hook on the root module: the output's finiteness probe, the class
   count, the model's mode during a validation block, and an OOM raised
   inside the forward;
@@ -136,7 +141,7 @@ class ModelHooks:
         tracker: StepTracker,
         failures: Failures,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None,
+        optimizers: list[Any],
         *,
         checking: bool,
         update_norm_every: int,
@@ -146,7 +151,8 @@ class ModelHooks:
         self.tracker = tracker
         self.failures = failures
         self.model = model
-        self.optimizer = optimizer
+        self.optimizers = optimizers
+        self.optimizer = optimizers[0] if optimizers else None  # the usual one, asked at every step without a list
         self.checking = checking  # on_nonfinite "stop" or "skip": the grad norm is read before the update
         self.update_norm_every = update_norm_every
         self.param_norm_every = param_norm_every
@@ -160,13 +166,18 @@ class ModelHooks:
         self._handles: list[Any] = []
 
     def attach(self) -> None:
-        if self.optimizer is not None:
-            stepping = inner_optimizer(self.optimizer)
+        if len(self.optimizers) > 1:
+            pre, post = self.before_any_optimizer_step, self.after_each_optimizer_step
+            self.tracker.on_end = self.after_all_optimizer_steps
+        else:
+            pre, post = self.before_optimizer_step, self.after_optimizer_step
+        for optimizer in self.optimizers:
+            stepping = inner_optimizer(optimizer)
             # Not traced where the optimizer's step is compiled (PyTorch's recipe: torch.compile of a function that
             # calls opt.step()): one graph became ten, as for the forward hook below.
-            self._handles.append(stepping.register_step_pre_hook(uncompiled(self.before_optimizer_step)))
-            self._handles.append(stepping.register_step_post_hook(uncompiled(self.after_optimizer_step)))
-        else:
+            self._handles.append(stepping.register_step_pre_hook(uncompiled(pre)))
+            self._handles.append(stepping.register_step_post_hook(uncompiled(post)))
+        if not self.optimizers:
             self.tracker.on_open = self.at_step_open
             self.tracker.on_end = self.at_step_end
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
@@ -191,9 +202,13 @@ class ModelHooks:
         model must show as "gradients arrive, parameters do not move". The list
         is rebuilt when the optimizer's parameter count changes (a new group).
         """
-        groups = self.optimizer.param_groups if self.optimizer is not None else []
-        # Asked at every optimizer step: one group (the usual) without a generator.
-        key = len(groups[0]["params"]) if len(groups) == 1 else sum(len(g["params"]) for g in groups)
+        optimizer = self.optimizer
+        groups = optimizer.param_groups if optimizer is not None else []
+        # Asked at every optimizer step: one group of one optimizer (the usual) without a generator.
+        if len(groups) == 1 and len(self.optimizers) == 1:
+            key = len(groups[0]["params"])
+        else:
+            key = sum(len(g["params"]) for o in self.optimizers for g in o.param_groups)
         if self._param_cache[0] != key or not self._param_cache[1]:
             self._param_cache = (key, list(self.model.parameters()))
         return self._param_cache[1]
@@ -336,6 +351,46 @@ class ModelHooks:
         before = self._before_update
         if before is not None:
             self._before_update = None
+            s.update_norm = defer_tensor(self._update_norm(before))
+
+    def before_any_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """Several optimizers: the step's first one measures the gradients, checks them and takes the snapshot, for
+        the whole model; the others step on the same gradients (or on none, after a "skip")."""
+        s = self.tracker.cur
+        if s is not None and s.opt_start is not None:
+            return None
+        self._before_update = None  # an earlier step's, whose optimizers did not all step: not this step's start
+        return self.before_optimizer_step(optimizer, args, kwargs)
+
+    def after_each_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Several optimizers: the step's optimizer phase ends with the last of them, its lr lists the groups of
+        them all in the order they were given, and the step counts once as an optimizer step."""
+        tracker = self.tracker
+        s = tracker.cur
+        if tracker.off or s is None:
+            return
+        s.opt_end = time.perf_counter()
+        if s.device_start is not None:
+            s.opt_end_mark = device_mark()
+        s.lr = [
+            defer(lr) if isinstance(lr := g.get("lr"), torch.Tensor) else lr
+            for o in self.optimizers
+            for g in o.param_groups
+        ]
+        if s.opt_skipped or s.opt_step is not None:
+            return
+        tracker.opt_steps += 1
+        s.opt_step = tracker.opt_steps
+
+    def after_all_optimizer_steps(self, s: StepState) -> None:
+        """Several optimizers, at the step's end: every optimizer of the step has stepped, so the parameter and update
+        norms are the whole model's (read at the first post-hook, they missed the others' updates)."""
+        before, self._before_update = self._before_update, None
+        if s.opt_step is None or not s.measured:
+            return
+        if (s.opt_step - 1) % self.param_norm_every == 0:
+            s.param_norm = defer_tensor(total_norm(self.params()))
+        if before is not None:
             s.update_norm = defer_tensor(self._update_norm(before))
 
     def at_step_open(self, s: StepState) -> None:

@@ -24,8 +24,19 @@ def inner_optimizer(optimizer: Any) -> Any:
     return optimizer
 
 
+def as_list(optimizer: Any) -> list[Any]:
+    """``Watch(model, optimizer)``'s second argument as a list: none, one, or several optimizers stepping one model
+    (torch's ``Muon`` for the matrices beside ``AdamW`` for the rest, ``SparseAdam`` beside ``Adam``)."""
+    if optimizer is None:
+        return []
+    return list(optimizer) if isinstance(optimizer, list | tuple) else [optimizer]
+
+
 def optimizer_name(optimizer: Any) -> str:
-    """``SGD``, or ``SGD in AcceleratedOptimizer`` for a wrapped one: what the run record says."""
+    """``SGD``, ``SGD in AcceleratedOptimizer`` for a wrapped one, ``AdamW + Muon`` for several: what the run record
+    says."""
+    if isinstance(optimizer, list | tuple):
+        return " + ".join(optimizer_name(o) for o in optimizer)
     inner = inner_optimizer(optimizer)
     name = type(inner).__name__
     return name if inner is optimizer else f"{name} in {type(optimizer).__name__}"

@@ -118,9 +118,11 @@ def replicated(model: Any, optimizer: Any, world_size: int) -> bool:
     the same all-reduced gradients) with a torch.optim optimizer. Not FSDP or ZeRO, whose ranks hold shards."""
     from torch.nn.parallel import DistributedDataParallel
 
+    from tuiwatch.publisher.optimizers import as_list
+
     if world_size < 2 or not isinstance(model, DistributedDataParallel):
         return False
-    return optimizer is None or type(optimizer).__module__.startswith("torch.optim.")
+    return all(type(o).__module__.startswith("torch.optim.") for o in as_list(optimizer))
 
 
 def holds_shards(model: Any, world_size: int) -> bool:

@@ -28,8 +28,8 @@ class Trainables:
     """What a checkpoint saves besides the step counts: the objects the Watch was given."""
 
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer | None
-    scheduler: Any
+    optimizer: Any  # an optimizer, or a list of those that step the model (then its state is a list too)
+    scheduler: Any  # as the optimizer
     scaler: Any
 
 
@@ -117,17 +117,28 @@ def checkpoint_state(
         "batch_index": tracker.batch_index,
         "opt_steps": tracker.opt_steps,
         "model": {} if replica_of else parts.model.state_dict(),
-        "optimizer": parts.optimizer.state_dict() if parts.optimizer is not None and not replica_of else None,
+        "optimizer": None if replica_of else _state(parts.optimizer),
         "replica_of": replica_of,
-        "scheduler": parts.scheduler.state_dict() if parts.scheduler is not None else None,
-        "scaler": parts.scaler.state_dict() if parts.scaler is not None else None,
+        "scheduler": _state(parts.scheduler),
+        "scaler": _state(parts.scaler),
         "rng": rng_states(),
         "epoch_rng": epoch_rng,
         "versions": versions(),
     }
 
 
-def _pairs(ckpt: Checkpoint, parts: Trainables) -> list[tuple[str, Any, dict[str, Any] | None]]:
+def _state(part: Any) -> Any:
+    """A part's state dict; a list of them for a list of parts (several optimizers, their schedulers)."""
+    if part is None:
+        return None
+    return [p.state_dict() for p in part] if isinstance(part, list | tuple) else part.state_dict()
+
+
+def _count(state: Any) -> int:
+    return len(state) if isinstance(state, list) else 1
+
+
+def _pairs(ckpt: Checkpoint, parts: Trainables) -> list[tuple[str, Any, Any]]:
     return [
         ("optimizer", parts.optimizer, ckpt.optimizer),
         ("scheduler", parts.scheduler, ckpt.scheduler),
@@ -140,13 +151,24 @@ def check_parts(ckpt: Checkpoint, parts: Trainables) -> None:
     for name, target, saved in _pairs(ckpt, parts):
         if saved is not None and target is None:
             raise TuiwatchError(f"the checkpoint has a {name} state: give Watch(..., {name}=...) to restore it")
+        given = len(target) if isinstance(target, list | tuple) else 1
+        if saved is not None and (
+            _count(saved) != given or isinstance(saved, list) != isinstance(target, list | tuple)
+        ):
+            raise TuiwatchError(
+                f"the checkpoint has {_count(saved)} {name} state(s) and the Watch was given {given}: "
+                f"give Watch(..., {name}=...) the same {name}s, in the same order, as the run that wrote it"
+            )
 
 
 def restore(ckpt: Checkpoint, parts: Trainables, tracker: StepTracker) -> Checkpoint:
     """Load the checkpoint into ``parts``, the RNGs and the step counts (``check_parts`` first)."""
     parts.model.load_state_dict(ckpt.model)
     for _, target, saved in _pairs(ckpt, parts):
-        if saved is not None:
+        if isinstance(saved, list):
+            for one, state in zip(target, saved, strict=True):
+                one.load_state_dict(state)
+        elif saved is not None:
             target.load_state_dict(saved)
     tracker.step = ckpt.step
     tracker.epoch = ckpt.epoch - 1  # the next batches() call is the saved epoch

@@ -13,7 +13,7 @@ import numbers
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -32,6 +32,7 @@ from tuiwatch.publisher.dumps import DumpWriter
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.hooks import ModelHooks, default_param_norm_every, default_update_norm_every
 from tuiwatch.publisher.loader import iter_with_ids
+from tuiwatch.publisher.optimizers import as_list
 from tuiwatch.publisher.pending import EvalState, StepState
 from tuiwatch.publisher.ranks import current_ranks, replicated
 from tuiwatch.publisher.run_record import default_name, start_line
@@ -54,6 +55,12 @@ class Watch:
     the socket and the system sampler, and nothing on the training thread
     waits for a viewer, the disk or the device.
 
+    ``optimizer`` may be a list of the optimizers that step one model
+    (``Muon`` for its matrices beside ``AdamW`` for the rest): the step's
+    lr lists the groups of them all, its update norm covers every one's
+    update, and a checkpoint holds each one's state (``scheduler`` may be a
+    list too).
+
     Three arguments are for integrations (docs/integrations.md):
     ``integration``, what one sees and does not, for the run record;
     ``checkpoint_with``, a callable that makes the framework's own checkpoint
@@ -65,7 +72,7 @@ class Watch:
     def __init__(
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
         *,
         name: str | None = None,
         scheduler: Any = None,
@@ -176,7 +183,7 @@ class Watch:
             tracker,
             self._failures,
             model,
-            optimizer,
+            as_list(optimizer),
             checking=on_nonfinite != "warn",
             update_norm_every=self.update_norm_every,
             param_norm_every=self.param_norm_every,
@@ -541,8 +548,14 @@ def _check_arguments(model: Any, optimizer: Any, *, on_nonfinite: str, stop: str
     """One line for the first bad argument, before anything is created."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"tuiwatch.Watch needs a torch.nn.Module as model, got {type(model).__name__}")
-    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"tuiwatch.Watch needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    optimizers = as_list(optimizer)
+    if isinstance(optimizer, list | tuple) and not optimizers:
+        raise ValueError("tuiwatch.Watch got an empty list of optimizers: give the optimizers, or None")
+    for o in optimizers:
+        if not isinstance(o, torch.optim.Optimizer):
+            raise TypeError(f"tuiwatch.Watch needs a torch.optim.Optimizer (or a list of them), got {type(o).__name__}")
+    if len({id(o) for o in optimizers}) < len(optimizers):
+        raise ValueError("tuiwatch.Watch was given the same optimizer twice: give each optimizer once")
     if on_nonfinite not in ON_NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {', '.join(ON_NONFINITE)}, got {on_nonfinite!r}")
     if stop not in STOP_MODES:

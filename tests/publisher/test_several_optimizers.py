@@ -1,0 +1,194 @@
+"""Several optimizers stepping one model: torch's ``Muon`` for the matrices beside ``AdamW`` for the rest (the way
+torch documents Muon), given to one Watch as a list.
+
+With the first optimizer alone watched, the step's lr was AdamW's, its update norm covered AdamW's parameters only
+(the biases: 0.006 where the model moved 0.12), and a checkpoint held AdamW's state only, so a resume was not exact.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tuiwatch.errors import TuiwatchError
+from tuiwatch.ledger.records import Record
+from tuiwatch.publisher.checkpoints import load_checkpoint
+from tuiwatch.publisher.watch import Watch
+
+from ..helpers import records
+
+X = torch.randn(256, 8, generator=torch.Generator().manual_seed(1))
+Y = X[:, :4].argmax(1)
+
+
+def _model_and_optimizers() -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+    matrices = [p for p in model.parameters() if p.ndim == 2]
+    rest = [p for p in model.parameters() if p.ndim != 2]
+    return model, torch.optim.AdamW(rest, lr=1e-3), torch.optim.Muon(matrices, lr=0.02)
+
+
+def _distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return math.sqrt(sum(float((x - y).pow(2).sum()) for x, y in zip(a, b, strict=True)))
+
+
+def _norm(model: nn.Module) -> float:
+    return math.sqrt(sum(float(p.detach().pow(2).sum()) for p in model.parameters()))
+
+
+def _steps(watch: Watch) -> list[Record]:
+    assert watch.ledger_path is not None
+    return [r for r in records(watch.ledger_path) if r["kind"] == "step"]
+
+
+def _step(
+    model: nn.Module, optimizers: list[torch.optim.Optimizer], x: torch.Tensor = X, y: torch.Tensor = Y
+) -> torch.Tensor:
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    for o in optimizers:
+        o.step()
+    for o in optimizers:
+        o.zero_grad()
+    return loss
+
+
+def test_muon_beside_adamw_records_the_whole_models_update_both_lrs_and_one_optimizer_step(run_root: Path):
+    model, adamw, muon = _model_and_optimizers()
+    updates, norms, biases = [], [], []
+    options: dict[str, Any] = {
+        "run_dir": run_root,
+        "system": False,
+        "quiet": True,
+        "update_norm_every": 1,
+        "param_norm_every": 1,
+    }
+    with Watch(model, [adamw, muon], **options) as watch:
+        for _ in range(12):
+            watch.step()
+            before = [p.detach().clone() for p in model.parameters()]
+            watch.log(loss=_step(model, [adamw, muon]))
+            after = [p.detach() for p in model.parameters()]
+            updates.append(_distance(before, after))
+            biases.append(_distance(before[1::2], after[1::2]))
+            norms.append(_norm(model))
+    steps = _steps(watch)
+    assert [s["opt_step"] for s in steps] == list(range(1, 13))
+    assert all(s["lr"] == [1e-3, 0.02] for s in steps)
+    assert [s["update_norm"] for s in steps] == pytest.approx(updates, rel=1e-5)
+    assert [s["param_norm"] for s in steps] == pytest.approx(norms, rel=1e-6)
+    assert all(s["optimizer_s"] > 0 for s in steps)  # from the first optimizer's step to the last one's end
+    assert min(updates) > 10 * max(biases)  # Muon's update is most of it: AdamW's alone is what was recorded before
+    assert watch.ledger_path is not None
+    assert records(watch.ledger_path, "run")[0]["optimizer"] == "AdamW + Muon"
+    assert [a["rule"] for a in records(watch.ledger_path, "alert") if a["severity"] != "info"] == []
+
+
+def test_an_optimizer_that_steps_every_other_step_is_in_the_update_of_the_steps_it_stepped(run_root: Path):
+    # A GAN's or a slow head's second optimizer: the update norm is what every optimizer of the step moved, and a
+    # step counts once as an optimizer step whichever of them stepped.
+    model, adamw, muon = _model_and_optimizers()
+    updates = []
+    with Watch(model, (adamw, muon), run_dir=run_root, system=False, quiet=True, update_norm_every=1) as watch:
+        for step in range(8):
+            watch.step()
+            before = [p.detach().clone() for p in model.parameters()]
+            stepping = [adamw, muon] if step % 2 else [muon]
+            watch.log(loss=_step(model, stepping))
+            updates.append(_distance(before, [p.detach() for p in model.parameters()]))
+    steps = _steps(watch)
+    assert [s["opt_step"] for s in steps] == list(range(1, 9))
+    assert [s["update_norm"] for s in steps] == pytest.approx(updates, rel=1e-5)
+
+
+def test_skip_on_a_nonfinite_gradient_skips_every_optimizer_of_the_step(run_root: Path):
+    model, adamw, muon = _model_and_optimizers()
+    bad = X.clone()
+    bad[3, 0] = float("nan")
+    with Watch(model, [adamw, muon], run_dir=run_root, system=False, quiet=True, on_nonfinite="skip") as watch:
+        for step in range(6):
+            watch.step()
+            before = [p.detach().clone() for p in model.parameters()]
+            _step(model, [adamw, muon], bad if step == 3 else X)
+            moved = _distance(before, [p.detach() for p in model.parameters()])
+            assert (moved == 0.0) == (step == 3), (step, moved)
+    steps = _steps(watch)
+    assert [s.get("opt_skipped", False) for s in steps] == [False, False, False, True, False, False]
+    assert [s["opt_step"] for s in steps] == [1, 2, 3, None, 4, 5]
+
+
+def test_a_checkpoint_holds_every_optimizer_and_scheduler_and_resumes_exactly(run_root: Path, tmp_path: Path):
+    def run(name: str, steps: int, resume_from: Path | None = None, save_at: int | None = None) -> list[float]:
+        model, adamw, muon = _model_and_optimizers()
+        schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5) for o in (adamw, muon)]
+        losses = []
+        options: dict[str, Any] = {
+            "run_dir": run_root / name,
+            "system": False,
+            "quiet": True,
+            "resume_from": resume_from,
+        }
+        with Watch(model, [adamw, muon], scheduler=schedulers, **options) as watch:
+            for step in range(watch._tracker.step, steps):
+                if step == save_at:
+                    torch.save(watch.checkpoint_state(), tmp_path / "ckpt.pt")
+                watch.step()
+                losses.append(float(_step(model, [adamw, muon])))
+                for scheduler in schedulers:
+                    scheduler.step()
+        return losses
+
+    straight = run("a", 10, save_at=5)
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert isinstance(ckpt.optimizer, list)
+    assert isinstance(ckpt.scheduler, list)
+    # AdamW's moments of the two biases, Muon's momentum of the two matrices
+    assert [sorted(state["state"][0]) for state in ckpt.optimizer] == [
+        ["exp_avg", "exp_avg_sq", "step"],
+        ["momentum_buffer"],
+    ]
+    assert [len(state["state"]) for state in ckpt.optimizer] == [2, 2]
+    assert [state["last_epoch"] for state in ckpt.scheduler] == [5, 5]
+    assert run("b", 10, resume_from=tmp_path / "ckpt.pt") == straight[5:]
+
+
+def test_a_checkpoint_of_another_set_of_optimizers_is_refused_before_anything_is_loaded(run_root: Path, tmp_path: Path):
+    model, adamw, muon = _model_and_optimizers()
+    with Watch(model, [adamw, muon], run_dir=run_root / "a", system=False, quiet=True) as watch:
+        watch.step()
+        _step(model, [adamw, muon])
+        torch.save(watch.checkpoint_state(), tmp_path / "two.pt")
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(TuiwatchError) as refused:
+        Watch(model, adamw, run_dir=run_root / "b", system=False, quiet=True, resume_from=tmp_path / "two.pt")
+    assert str(refused.value) == (
+        "the checkpoint has 2 optimizer state(s) and the Watch was given 1: give Watch(..., optimizer=...) the same "
+        "optimizers, in the same order, as the run that wrote it"
+    )
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ([], "tuiwatch.Watch got an empty list of optimizers: give the optimizers, or None"),
+        ("same", "tuiwatch.Watch was given the same optimizer twice: give each optimizer once"),
+        ("scheduler", "tuiwatch.Watch needs a torch.optim.Optimizer (or a list of them), got StepLR"),
+    ],
+)
+def test_a_bad_list_of_optimizers_is_refused_in_one_line(run_root: Path, given: object, message: str):
+    model, adamw, _ = _model_and_optimizers()
+    if given == "same":
+        given = [adamw, adamw]
+    elif given == "scheduler":
+        given = [adamw, torch.optim.lr_scheduler.StepLR(adamw, 1)]
+    with pytest.raises((TypeError, ValueError)) as refused:
+        Watch(model, given, run_dir=run_root, system=False, quiet=True)  # type: ignore[arg-type]
+    assert str(refused.value) == message
+    assert not run_root.exists()
