@@ -139,7 +139,7 @@ def test_a_checkpoint_holds_every_optimizer_and_scheduler_and_resumes_exactly(ru
                 if step == save_at:
                     torch.save(watch.checkpoint_state(), tmp_path / "ckpt.pt")
                 watch.step()
-                losses.append(float(_step(model, [adamw, muon])))
+                losses.append(_step(model, [adamw, muon]).item())
                 for scheduler in schedulers:
                     scheduler.step()
         return losses

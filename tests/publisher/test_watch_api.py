@@ -198,6 +198,41 @@ def test_a_loop_without_a_loader_uses_step(run_root: Path, socket_dir: Path):
     assert all(s["accuracy"] == 0.5 and s["compute_s"] > 0 and s["batch_shape"] is None for s in steps)
 
 
+def test_a_notebook_cell_run_again_closes_the_earlier_watch_of_the_same_model(
+    run_root: Path, socket_dir: Path, capsys: pytest.CaptureFixture[str]
+):
+    # The earlier Watch stayed open: its run looked live for good, its hooks measured each of the new run's steps
+    # again into its own last step (whose opt_step went on counting).
+    model, opt = _mlp()
+
+    def cell() -> Watch:
+        watch = Watch(model, opt, name="nb", run_dir=run_root, system=False)
+        for x, y in _data(3):
+            watch.step()
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return watch
+
+    first = cell()
+    second = cell()
+    assert (len(model._forward_hooks), len(opt._optimizer_step_pre_hooks)) == (1, 1)  # the second Watch's alone
+    assert [r["reason"] for r in _ledger(first) if r["kind"] == "end"] == ["finished"]
+    assert [s["opt_step"] for s in _ledger(first) if s["kind"] == "step"] == [1, 2, 3]
+    other = nn.Linear(2, 2)  # another model's Watch leaves this one's open
+    Watch(other, run_dir=None, system=False, quiet=True).close()
+    assert not second._tracker.off
+    second.close()
+    assert [s["opt_step"] for s in _ledger(second) if s["kind"] == "step"] == [1, 2, 3]
+    assert capsys.readouterr().err.splitlines() == [
+        f"tuiwatch: nb: ledger {first.ledger_path}; watch it with: tuiwatch attach nb",
+        f"tuiwatch: nb: closed (ledger {first.ledger_path}): a new Watch of the same model replaces it",
+        f"tuiwatch: nb: ledger {second.ledger_path}; watch it with: tuiwatch attach nb",
+    ]
+
+
 def test_an_integer_metric_past_64_bits_is_written_as_its_float_and_costs_no_record(run_root: Path, socket_dir: Path):
     # It made the ledger's encoder raise: the publisher degraded and every step record was lost.
     model, opt = _mlp()

@@ -136,6 +136,7 @@ class Watch:
         moving = sum(p.numel() for p in params if p.requires_grad and not is_lazy(p))
         self.update_norm_every = update_norm_every or default_update_norm_every(moving)
         self.param_norm_every = param_norm_every or default_param_norm_every(known)
+        _close_earlier_watches(model, quiet=quiet)
         publishing = open_publishing(
             name=self.name,
             run_dir=run_dir,
@@ -542,6 +543,22 @@ def _rules_for_this_loop(
         f"reinforcement learning ({library} is imported): a policy's loss and gradients jump with each new rollout; "
         "rules={...: True} turns one back on"
     )
+
+
+def _close_earlier_watches(model: torch.nn.Module, *, quiet: bool) -> None:
+    """A notebook cell run again makes a new Watch of the same model: the earlier one is closed first.
+
+    Left open, its run looked live for good (a socket, a thread, a viewer that never moved), and its hooks
+    measured each of the new run's steps a second time, into its own last step.
+    """
+    for earlier in [w for w in process.watches if w.model is model]:
+        earlier.close("finished")
+        if not (quiet or os.environ.get("TUIWATCH_QUIET")):
+            where = f"ledger {earlier.ledger_path}" if earlier.ledger_path is not None else "no ledger"
+            print(
+                f"tuiwatch: {earlier.name}: closed ({where}): a new Watch of the same model replaces it",
+                file=sys.stderr,
+            )
 
 
 def _check_arguments(model: Any, optimizer: Any, *, on_nonfinite: str, stop: str, every: Any, step_per: str) -> None:
