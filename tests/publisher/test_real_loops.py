@@ -471,6 +471,10 @@ def test_missing_values_as_nan_that_the_model_imputes_are_one_info_not_a_critica
     assert [(a["rule"], a["step"], a["severity"]) for a in _alerts(watch)] == [("nonfinite", 0, "info")]
     assert not (watch.ledger_path.parent / "dumps").exists()  # type: ignore[union-attr]
     assert steps[-1]["loss"] < steps[0]["loss"]
+    # report counted every such step as non-finite: "nonfinite  57 steps" for a run with nothing wrong
+    handled = sum(s["finite"]["batch"] is False for s in steps)
+    text = as_text(summarize(records(watch.ledger_path)))  # type: ignore[arg-type]
+    assert f"nonfinite  0 steps; {handled} more with a non-finite batch the model handled" in text.splitlines()
 
 
 def test_a_two_output_regression_near_ln_2_is_not_a_classifier_at_chance(run_root: Path):

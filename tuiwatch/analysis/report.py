@@ -12,6 +12,7 @@ from tuiwatch.ledger.chain import RunChain
 from tuiwatch.ledger.fields import finite, integer, num
 from tuiwatch.ledger.records import EVAL_FIELDS, Record
 from tuiwatch.rules import Diagnosis
+from tuiwatch.rules.values import handled_batch
 
 # Replayed alerts kept at most: a pathological ledger must not grow the report without bound.
 MAX_REPLAYED = 10_000
@@ -93,7 +94,7 @@ class _Summary:
     def __init__(self) -> None:
         self.run: Record = {}
         self.end: Record | None = None
-        self.steps = self.evals = self.nonfinite_steps = self.missing = 0
+        self.steps = self.evals = self.nonfinite_steps = self.handled_steps = self.missing = 0
         self.first_t: float | None = None
         self.last_t: float | None = None
         self.final_loss: float | None = None
@@ -161,7 +162,10 @@ class _Summary:
             self.peak_mem = max(self.peak_mem or 0, peak)
         flags = r.get("finite")
         if isinstance(flags, dict) and False in flags.values():
-            self.nonfinite_steps += 1
+            if handled_batch(flags):
+                self.handled_steps += 1
+            else:
+                self.nonfinite_steps += 1
 
     def _eval(self, r: Record) -> None:
         step = integer(r.get("step"))
@@ -202,6 +206,7 @@ class _Summary:
             "peak_mem_bytes": self.peak_mem,
             "peak_rss_bytes": self.peak_rss,
             "nonfinite_steps": self.nonfinite_steps,
+            "handled_batch_steps": self.handled_steps,
             "alerts": self.alerts,
             "rules": rules_text(self.run.get("rules"), self.run.get("rules_note")),
             "end": None if self.end is None else self.end.get("reason"),
@@ -243,6 +248,10 @@ def _span_text(seconds: Any) -> str:
     return f"{value:.1f}s" if value is not None and 0 <= value < 10 else duration(seconds)
 
 
+def _handled_text(steps: Any) -> str:
+    return f"; {steps} more with a non-finite batch the model handled" if steps else ""
+
+
 def as_text(summary: dict[str, Any]) -> str:
     share = summary["data_wait_share"]
     lines = [
@@ -253,7 +262,7 @@ def as_text(summary: dict[str, Any]) -> str:
         _loss_text(summary),
         f"data wait  {_share_text(share, summary['steps'])}",
         f"memory     peak allocated {size(summary['peak_mem_bytes'])}, peak RSS {size(summary['peak_rss_bytes'])}",
-        f"nonfinite  {summary['nonfinite_steps']} steps",
+        f"nonfinite  {summary['nonfinite_steps']} steps{_handled_text(summary.get('handled_batch_steps'))}",
     ]
     for name, m in summary.get("eval_metrics", {}).items():
         best = "" if "best" not in m else f", best {number(m['best'])} at step {_step(m['best_step'])}"

@@ -168,3 +168,9 @@ class NonFinite(Rule):
 def _handled_batch(failed: list[str], finite: dict[str, object]) -> bool:
     """Only the batch is non-finite, and the model's output or the loss was measured finite: the model handles it."""
     return failed == ["batch"] and (finite.get("forward") is True or finite.get("loss") is True)
+
+
+def handled_batch(finite: dict[str, object]) -> bool:
+    """A step's ``finite`` flags say the model handled a non-finite batch (missing values it imputes): report's
+    count of non-finite steps leaves such steps out, as the rule raises no episode for them."""
+    return _handled_batch([b for b in FINITE_BOUNDARIES if finite.get(b) is False], finite)
