@@ -164,6 +164,7 @@ def test_a_checkpoint_of_another_set_of_optimizers_is_refused_before_anything_is
         watch.step()
         _step(model, [adamw, muon])
         torch.save(watch.checkpoint_state(), tmp_path / "two.pt")
+    _step(model, [adamw, muon])  # the weights move on from the checkpoint's
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(TuiwatchError) as refused:
         Watch(model, adamw, run_dir=run_root / "b", system=False, quiet=True, resume_from=tmp_path / "two.pt")
@@ -172,6 +173,14 @@ def test_a_checkpoint_of_another_set_of_optimizers_is_refused_before_anything_is
         "optimizers, in the same order, as the run that wrote it"
     )
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
+    # A list of one and the one alone are the same: a checkpoint of adamw resumes into Watch(model, [adamw]).
+    with Watch(model, adamw, run_dir=run_root / "c", system=False, quiet=True) as watch:
+        torch.save(watch.checkpoint_state(), tmp_path / "one.pt")
+    saved = adamw.state_dict()["state"][0]["exp_avg"].clone()
+    _step(model, [adamw, muon])
+    assert not torch.equal(adamw.state_dict()["state"][0]["exp_avg"], saved)
+    with Watch(model, [adamw], run_dir=run_root / "d", system=False, quiet=True, resume_from=tmp_path / "one.pt"):
+        assert torch.equal(adamw.state_dict()["state"][0]["exp_avg"], saved)
 
 
 @pytest.mark.parametrize(

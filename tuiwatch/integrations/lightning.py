@@ -150,11 +150,12 @@ class _Hooks:
             # job by, so rank 0's id goes to all (on_train_start runs on every rank: the broadcast is collective).
             options["run_id"] = trainer.strategy.broadcast(uuid.uuid4().hex[:12], src=0)
         self._trainer = trainer
-        several = len(optimizers) > 1  # manual optimization: Muon beside AdamW, or a GAN's two halves
+        # Several optimizers (manual optimization: Muon beside AdamW, a GAN's two halves) go to the Watch as a list.
+        schedulers = [c.scheduler for c in configs]
         self.watch = Watch(
             pl_module,
-            list(optimizers) if several else optimizers[0] if optimizers else None,
-            scheduler=[c.scheduler for c in configs] if several else configs[0].scheduler if configs else None,
+            list(optimizers) if len(optimizers) > 1 else next(iter(optimizers), None),
+            scheduler=schedulers if len(schedulers) > 1 else next(iter(schedulers), None),
             step_per="optimizer" if optimizers else "batch",
             late_gradients=True,
             checkpoint_with=self._lightning_checkpoint,

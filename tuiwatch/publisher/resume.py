@@ -134,8 +134,12 @@ def _state(part: Any) -> Any:
     return [p.state_dict() for p in part] if isinstance(part, list | tuple) else part.state_dict()
 
 
-def _count(state: Any) -> int:
-    return len(state) if isinstance(state, list) else 1
+def _listed(part: Any) -> list[Any]:
+    """A part, or its saved state, as a list: a list of one and the one alone are the same (a Watch given
+    ``[adamw]`` resumes from a checkpoint of ``adamw``)."""
+    if part is None:
+        return []
+    return list(part) if isinstance(part, list | tuple) else [part]
 
 
 def _pairs(ckpt: Checkpoint, parts: Trainables) -> list[tuple[str, Any, Any]]:
@@ -151,12 +155,10 @@ def check_parts(ckpt: Checkpoint, parts: Trainables) -> None:
     for name, target, saved in _pairs(ckpt, parts):
         if saved is not None and target is None:
             raise TuiwatchError(f"the checkpoint has a {name} state: give Watch(..., {name}=...) to restore it")
-        given = len(target) if isinstance(target, list | tuple) else 1
-        if saved is not None and (
-            _count(saved) != given or isinstance(saved, list) != isinstance(target, list | tuple)
-        ):
+        held, given = len(_listed(saved)), len(_listed(target))
+        if saved is not None and held != given:
             raise TuiwatchError(
-                f"the checkpoint has {_count(saved)} {name} state(s) and the Watch was given {given}: "
+                f"the checkpoint has {held} {name} state(s) and the Watch was given {given}: "
                 f"give Watch(..., {name}=...) the same {name}s, in the same order, as the run that wrote it"
             )
 
@@ -165,11 +167,8 @@ def restore(ckpt: Checkpoint, parts: Trainables, tracker: StepTracker) -> Checkp
     """Load the checkpoint into ``parts``, the RNGs and the step counts (``check_parts`` first)."""
     parts.model.load_state_dict(ckpt.model)
     for _, target, saved in _pairs(ckpt, parts):
-        if isinstance(saved, list):
-            for one, state in zip(target, saved, strict=True):
-                one.load_state_dict(state)
-        elif saved is not None:
-            target.load_state_dict(saved)
+        for one, state in zip(_listed(target), _listed(saved), strict=False):  # (check_parts matched the counts)
+            one.load_state_dict(state)
     tracker.step = ckpt.step
     tracker.epoch = ckpt.epoch - 1  # the next batches() call is the saved epoch
     tracker.opt_steps = ckpt.opt_steps
