@@ -325,6 +325,55 @@ def test_a_gan_records_the_first_optimizers_loss_without_the_others(socket_dir: 
     assert [s["loss"] for s in steps] == pytest.approx([err_d for err_d, _ in truth], rel=1e-6)
 
 
+MUON_SHAPED = """
+import json, math, sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+muon = torch.optim.Muon([p for p in model.parameters() if p.ndim == 2], lr=0.02)  # torch's pairing: the matrices
+adamw = torch.optim.AdamW([p for p in model.parameters() if p.ndim != 2], lr=1e-3)  # ... and AdamW for the rest
+x = torch.randn(640, 8)
+loader = DataLoader(TensorDataset(x, x[:, :4].argmax(1)), batch_size=32)
+truth = []
+for i, (xb, yb) in enumerate(loader):
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = nn.functional.cross_entropy(model(xb), yb)
+    loss.backward()
+    muon.step()
+    if sys.argv[2] == "every" or i % 2:  # "alternate": AdamW steps every other step
+        adamw.step()
+    muon.zero_grad()
+    adamw.zero_grad()
+    moved = sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(model.parameters(), before))
+    truth.append([loss.item(), math.sqrt(moved)])
+json.dump(truth, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("adamw", ["every", "alternate"])
+def test_an_optimizer_beside_the_first_over_the_same_model_is_watched_with_it(
+    socket_dir: Path, tmp_path: Path, adamw: str
+):
+    """Muon for the matrices beside AdamW for the rest: the first to step was watched alone, its lr the only one
+    and its update norm without AdamW's. Both are watched now, and the step ends after the last of them (or, when
+    AdamW does not step, at the next batch)."""
+    truth_file = tmp_path / "truth.json"
+    ledger = run_source(MUON_SHAPED, tmp_path, socket_dir, str(truth_file), adamw)
+    truth = json.loads(truth_file.read_text())
+    assert records(ledger, "run")[0]["optimizer"] == "Muon + AdamW"
+    steps = records(ledger, "step")
+    assert [s["step"] for s in steps] == list(range(BATCHES))
+    assert [s["opt_step"] for s in steps] == list(range(1, BATCHES + 1))
+    assert all(s["lr"] == [0.02, 1e-3] for s in steps)
+    assert [s["loss"] for s in steps] == pytest.approx([loss for loss, _ in truth], rel=1e-6)
+    sampled = [(s["step"], s["update_norm"]) for s in steps if s["update_norm"] is not None]
+    assert sampled == [(0, pytest.approx(truth[0][1], rel=1e-5)), (10, pytest.approx(truth[10][1], rel=1e-5))]
+    assert all(s["batch_shape"] == [[32, 8], [32]] for s in steps[1:])  # each step the batch it trained on
+
+
 SAC_SHAPED = """
 import json, sys
 import torch

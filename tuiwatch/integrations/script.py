@@ -6,12 +6,15 @@ side, through hooks and patches that last while the script runs:
 - the **optimizer** is the first one whose ``step()`` runs (torch's global
   step pre-hook); at that moment the Watch is made, so the ledger's step 0 is
   the script's first optimizer step. Its hooks (pre-clip norm, lr, parameter
-  and update norms, the non-finite check) are the Watch's own;
+  and update norms, the non-finite check) are the Watch's own. Optimizers
+  alive then that step the model's parameters and no others (torch's ``Muon``
+  for the matrices beside ``AdamW`` for the rest) are watched with it;
 - the **model** is the outermost module that holds the optimizer's
   parameters (the fewest other parameters if several do); the LR scheduler and
   the GradScaler, the ones built on that optimizer, found once, then;
 - a **step** ends when that optimizer's ``step()`` returns (torch's global
-  post-hook): viewer commands run there. Micro-batches before it fold into
+  post-hook), or after the optimizers watched with it have stepped too:
+  viewer commands run there. Micro-batches before it fold into
   it (``step_per="optimizer"``). The next opens at the next training batch
   from a loader or, in a loop that draws none, at the model's next forward
   in training mode with gradients enabled: what runs between (validation,
@@ -58,6 +61,7 @@ from tuiwatch.publisher.closures import after_first_call, step_closure, with_clo
 from tuiwatch.publisher.compiling import uncompiled
 from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
+from tuiwatch.publisher.optimizers import inner_optimizer
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch
 
@@ -66,7 +70,8 @@ NOT_SEEN = [
     "batches that do not come from a torch DataLoader: no data wait, shapes or ids (the forward time and output "
     "check from the second step on)",
     "the first optimizer step's data wait and timing: the Watch starts at that step",
-    "optimizers other than the first that steps, and their models (their losses are left out)",
+    "optimizers other than the first that steps, and their models (their losses are left out), except those that "
+    "step parameters of its model alone (Muon beside AdamW): they are watched with it",
 ]
 
 
@@ -127,6 +132,24 @@ def _stepped_by_others(optimizer: torch.optim.Optimizer, objects: list[Any]) -> 
         for group in o.param_groups
         for p in group["params"]
     }
+
+
+def steps_beside(optimizer: torch.optim.Optimizer, model: torch.nn.Module, objects: list[Any]) -> list[Any]:
+    """The other optimizers that step parameters of ``model`` and nothing else (torch's ``Muon`` for its matrices
+    beside ``AdamW`` for the rest), in the order of their first parameter in the model: watched with ``optimizer``.
+    A GAN's other optimizer, or an actor's beside a critic's, holds another module's parameters and is not one."""
+    position = {id(p): i for i, p in enumerate(model.parameters())}
+    found: dict[int, tuple[int, Any]] = {}  # by the optimizer that steps: a wrapper and the one it wraps are one
+    for o in objects:
+        if not issubclass(type(o), torch.optim.Optimizer):
+            continue
+        stepping = inner_optimizer(o)
+        if stepping is optimizer or id(stepping) in found:
+            continue
+        params = [id(p) for group in stepping.param_groups for p in group["params"]]
+        if params and all(p in position for p in params):
+            found[id(stepping)] = (min(position[p] for p in params), stepping)
+    return [o for _, o in sorted(found.values(), key=lambda item: item[0])]
 
 
 def _another_holds_a_module(optimizer: torch.optim.Optimizer, objects: list[Any]) -> bool:
@@ -216,6 +239,10 @@ class ScriptWatch:
         self._forward_hook: Any = None
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
         self._passed: set[int] = set()  # optimizers over bare tensors left for one over a module's parameters
+        # Optimizers stepping the same model beside the first (Muon beside AdamW), by id: the step ends after them.
+        self._beside: set[int] = set()
+        self._ending: StepState | None = None  # the step the first optimizer stepped in, until the others have
+        self._ending_left = 0
         self._undo: list[Callable[[], None]] = []
 
     # --- installing ------------------------------------------------------------------
@@ -257,6 +284,7 @@ class ScriptWatch:
             self._start(optimizer)
         if optimizer is not self.optimizer or self.watch is None:
             return None
+        self._end_pending(self.watch)  # an optimizer beside it did not step last time: that step ends here
         self.loss.held = False  # (a step that raised after its closure's first call never reached take())
         closure = step_closure(args, kwargs)
         if closure is None:
@@ -293,7 +321,11 @@ class ScriptWatch:
             self._passed.add(id(optimizer))
             return
         self.optimizer = optimizer
-        scheduler, scaler = _built_on(optimizer, objects)
+        beside = [] if isinstance(model, BareTensors) else steps_beside(optimizer, model, objects)
+        optimizers = [optimizer, *beside]
+        found = [_built_on(o, objects) for o in optimizers]
+        schedulers = [scheduler for scheduler, _ in found if scheduler is not None]
+        scaler = found[0][1]
         del objects
         integration = {
             "by": "tuiwatch run",
@@ -307,8 +339,8 @@ class ScriptWatch:
         try:
             self.watch = Watch(
                 model,
-                optimizer,
-                scheduler=scheduler,
+                optimizers if beside else optimizer,
+                scheduler=schedulers if len(schedulers) > 1 else next(iter(schedulers), None),
                 scaler=scaler,
                 step_per="optimizer",
                 stop="raise",
@@ -319,6 +351,8 @@ class ScriptWatch:
             self.declined = True
             self.loss.enabled = False
             print(f"tuiwatch run: cannot watch this run ({exc}); it runs unwatched", file=sys.stderr)
+            return
+        self._beside = {id(o) for o in beside}
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         watch = self.watch
@@ -329,6 +363,10 @@ class ScriptWatch:
         if optimizer is not self.optimizer:
             # Another optimizer (a GAN's generator's) stepped on what was backpropagated since ours did: not our loss.
             self.loss.take()
+            if id(optimizer) in self._beside and self._ending is not None and watch._tracker.cur is self._ending:
+                self._ending_left -= 1
+                if not self._ending_left:
+                    self._end_pending(watch)  # the last optimizer of the step has stepped
             return
         loss = self.loss.take()
         if loss is not None:
@@ -341,7 +379,18 @@ class ScriptWatch:
             with contextlib.suppress(TypeError):  # (a dataset that cannot be weakly referenced is not remembered)
                 self._trained_on.add(self._step_dataset)
         self._step_opened, self._step_dataset = False, None
+        if self._beside:
+            # The optimizers beside it step next, in this step: it ends after the last of them (or, if one does not
+            # step, at the next boundary: a batch, a training forward, this optimizer's next step).
+            self._ending, self._ending_left = watch._tracker.cur, len(self._beside)
+            return
         watch.end_step()  # raises StopRequested when a viewer asked the run to stop
+
+    def _end_pending(self, watch: Watch) -> None:
+        """End the step the first optimizer stepped in, unless a boundary has ended it since."""
+        ending, self._ending = self._ending, None
+        if ending is not None and watch._tracker.cur is ending:
+            watch.end_step()  # raises StopRequested when a viewer asked the run to stop
 
     def _open_steps_at_forwards(self, watch: Watch) -> None:
         """No loader batch opened this step (the first one's was drawn before the Watch existed): from now on the
