@@ -13,6 +13,8 @@ import pytest
 
 from tuiwatch.ledger.ranks import merge_ranks, rank_ledgers
 from tuiwatch.ledger.reader import read_ledger
+from tuiwatch.ledger.records import Record
+from tuiwatch.viewer.ranks import RanksState
 from tuiwatch.wire.discovery import LiveRun, list_live_runs
 from tuiwatch.wire.protocol import command_line, connect, iter_records
 
@@ -140,7 +142,7 @@ def test_a_checkpoint_set_taken_at_one_step_resumes_the_job_exactly(tmp_path: Pa
 def test_an_fsdp_job_says_its_ranks_norms_are_their_shards(tmp_path: Path):
     # Under fully_shard each rank's gradients are its shard: the norm a rank measures is its shard's (0.59 and
     # 0.61 where the model's is 0.85), and reading the model's would take a collective in a hook. The run record
-    # says so, and the viewer titles the chart "grad norm of this rank's shard".
+    # says so; the viewer, which has both ranks' records, combines them.
     runs, out = tmp_path / "runs", tmp_path / "out"
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(SCRIPTS / "fsdp_train.py")]
@@ -156,3 +158,11 @@ def test_an_fsdp_job_says_its_ranks_norms_are_their_shards(tmp_path: Path):
         steps = [r for r in ledger if r["kind"] == "step"]
         assert [s["grad_norm"] for s in steps] == pytest.approx(seen["shard"], rel=1e-5)
         assert all(shard < whole for shard, whole in zip(seen["shard"], seen["model"], strict=True))
+    # The viewer with both ranks shows the model's: the root of the sum of the shards' squares, step by step.
+    ranks = RanksState([0, 1], 2)
+    main: list[Record] = []
+    for rank, path in sorted(rank_ledgers(job).items()):
+        ranks.connected(rank)
+        main += ranks.apply(rank, read_ledger(path), now=0.0)
+    combined = [r["grad_norm"] for r in main if r["kind"] == "step"]
+    assert combined == pytest.approx(json.loads((out / "rank0.json").read_text())["model"], rel=1e-5)

@@ -13,6 +13,7 @@ from tuiwatch.ledger.records import Record
 from tuiwatch.viewer.panes.header import HeaderBar
 from tuiwatch.viewer.panes.metrics import MetricsPane
 from tuiwatch.viewer.panes.ranks import COLUMNS, RanksPane, columns_for
+from tuiwatch.viewer.panes.training import TrainingPane
 from tuiwatch.viewer.ranks import STALE_S, RanksState
 from tuiwatch.viewer.sources import RanksSource
 from tuiwatch.viewer.state import RunState, describe_action
@@ -56,6 +57,63 @@ def test_the_main_state_takes_the_lead_ranks_records_and_every_ranks_alerts():
     assert [(s.rank, s.host, s.step) for s in ranks.ranks.values()] == [(0, "h0", 1), (1, "h1", 2)]
     # Kept to show again when the lead rank's stream starts over: not the lead's own (its replay brings them).
     assert [a["rule"] for a in ranks.kept_alerts()] == ["nonfinite"]
+
+
+def connected(ranks: RanksState) -> RanksState:
+    for rank in ranks.ranks:
+        ranks.connected(rank)
+    return ranks
+
+
+def sharded(rank: int) -> dict[str, Any]:
+    return {**run(rank), "sharded": True}
+
+
+def norms(grad: float | None, param: float | None = None, update: float | None = None) -> dict[str, Any]:
+    return {"grad_norm": grad, "param_norm": param, "update_norm": update}
+
+
+def test_a_sharded_jobs_norms_are_the_models_once_every_rank_has_sent_the_step():
+    # FSDP: each rank measures its shard (3 and 4); the model's norm is the root of the sum of squares (5). The
+    # charts were the lead rank's shard's.
+    ranks = connected(RanksState([0, 1], 2))
+    main = ranks.apply(0, [sharded(0), step(0, **norms(3.0, 6.0, 0.3)), step(1, **norms(0.6, 6.0))], now=10.0)
+    assert [r["kind"] for r in main] == ["run"]  # the lead's steps wait for rank 1's
+    main += ranks.apply(1, [sharded(1), step(0, **norms(4.0, 8.0, 0.4))], now=10.0)
+    main += ranks.apply(1, [step(1, **norms(0.8, 8.0, 0.1))], now=10.0)
+    steps = [(r["step"], r["grad_norm"], r["param_norm"], r["update_norm"], r["norms"]) for r in main[1:]]
+    # step 1: rank 0 had no update norm, so the model's is not known
+    assert steps == [(0, 5.0, 10.0, pytest.approx(0.5), "job"), (1, 1.0, 10.0, None, "job")]
+    state = RunState()
+    state.apply_all(main)
+    assert (state.grad_norm.value_at(0), state.grad_norm.value_at(1)) == (5.0, 1.0)
+    assert state.update_norm.end_step == 0  # no point at step 1
+
+
+def test_a_step_a_rank_will_not_send_goes_on_without_the_models_norms_and_in_the_leads_order():
+    ranks = connected(RanksState([0, 1], 2))
+    evaluation = {"kind": "eval", "step": 1, "loss": 0.5}
+    main = ranks.apply(
+        0, [sharded(0), step(0, **norms(3.0)), step(1, **norms(3.0)), evaluation, step(2, **norms(3.0))], 1.0
+    )
+    main += ranks.apply(1, [sharded(1), step(0, **norms(4.0)), step(2, **norms(4.0))], now=1.0)  # step 1 thinned
+    assert [(r["kind"], r.get("grad_norm")) for r in main] == [
+        ("run", None), ("step", 5.0), ("step", None), ("eval", None), ("step", 5.0)
+    ]  # fmt: skip
+    main = ranks.apply(0, [step(3, **norms(3.0)), {"kind": "end", "reason": "finished"}], now=2.0)
+    assert main == []  # rank 1 may still send step 3
+    main = ranks.apply(1, [{"kind": "end", "reason": "finished"}], now=2.0)
+    assert [(r["kind"], r.get("grad_norm")) for r in main] == [("step", None), ("end", None)]  # it never will
+    ranks = connected(RanksState([0, 1], 2))
+    ranks.apply(0, [sharded(0), step(0, **norms(3.0))], now=3.0)
+    ranks.apply(1, [sharded(1)], now=3.0)
+    assert [r["step"] for r in ranks.disconnected(1) + ranks.apply(0, [step(1, **norms(3.0))], now=4.0)] == [0, 1]
+
+
+def test_a_sharded_job_the_viewer_has_part_of_keeps_each_ranks_shard_norm_and_says_so():
+    ranks = RanksState([0], 2)  # rank 1 is on a host this viewer does not reach
+    main = ranks.apply(0, [sharded(0), step(0, **norms(3.0))], now=1.0)
+    assert [(r["kind"], r.get("grad_norm"), r.get("norms")) for r in main] == [("run", None, None), ("step", 3.0, None)]
 
 
 def test_a_rank_is_live_then_stale_then_gone_and_an_ended_rank_says_how():
@@ -261,6 +319,23 @@ async def test_replay_of_a_job_directory_shows_every_rank_and_the_straggler(tmp_
         assert "rank 1 makes the other ranks wait" in alert.message
         await pilot.press("c")
         assert app.state.pending == {}  # a replay sends nothing
+
+
+async def test_replay_of_a_sharded_job_charts_the_models_grad_norm_and_says_so(tmp_path: Path):
+    job = tmp_path / "fsdp-job-1"
+    for rank, shard in ((0, 3.0), (1, 4.0)):
+        records: list[dict[str, Any]] = [{**sharded(rank), "t": 1.0}]
+        records += [{**step(n, **norms(shard * (n + 1))), "t": 1.0 + n} for n in range(20)]
+        records.append({"kind": "end", "t": 30.0, "reason": "finished"})
+        (job / f"rank{rank}").mkdir(parents=True)
+        write_ledger(job / f"rank{rank}" / "ledger.jsonl", records)
+    app = RecordingApp(replay_source(str(job)), clock=lambda: FIXED_NOW)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await until(pilot, lambda: app.state.step == 19, what="the lead's last step")
+        await drawn(pilot)
+        text = plain(app.query_one(TrainingPane))
+        assert "grad norm, ranks' shards combined (log) 100" in text  # 5 x 20 at step 19; each shard 60 and 80
+        assert [app.state.grad_norm.value_at(n) for n in (0, 9, 19)] == [5.0, 50.0, 100.0]
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,13 @@ at once (``straggler``), and says which records the run's main
 :class:`~tuiwatch.viewer.state.RunState` takes: the lead rank's (the lowest:
 its loss, lr and charts are the job's, as ``report`` of a job directory does),
 every rank's alerts, and one combined reply per command sent to all ranks.
+
+A sharded job's ranks (FSDP: the run record's ``sharded``) each measure their
+shard's norms. Where the viewer has every rank of the job, the lead's step
+records wait until every rank's record of the same step has come, and go on
+with the model's norms: the root of the sum of the ranks' squares
+(``norms: "job"``); a step a rank will not send (its relay thinned it, or it
+ended) goes on with no norm rather than with a shard's.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ WINDOW = 20  # steps per rank the pane's medians are taken over
 # few tens of ms here, more through ssh or on a loaded host), short enough to feel immediate.
 LEAD_S = 1.0
 MAX_KEPT_ALERTS = 50  # per rank, to show again when the lead rank's connection starts over
+# A sharded job's lead records held for the other ranks' norms at most: past it the oldest goes on without them.
+MAX_HELD = 256
+NORMS = ("grad_norm", "param_norm", "update_norm")
+MAX_NORM_STEPS = 20_000  # steps of shard norms waiting for the lead's record of their step
 
 
 @dataclass
@@ -92,6 +103,10 @@ class RanksState:
         # stream starts again at its history, which the rule must not take for new steps.
         self._judged: dict[int, tuple[int | None, int]] = {}
         self._settled: deque[int] = deque(maxlen=64)  # this viewer's commands already answered by every rank
+        # A sharded job seen whole: the lead's records held for the model's norms, and each rank's shard norms by step.
+        self.combining = False
+        self._held: deque[Record] = deque()
+        self._norms: dict[int, dict[int, tuple[float | None, ...]]] = {}
 
     # --- records in ----------------------------------------------------------------
 
@@ -107,8 +122,12 @@ class RanksState:
                 self._step(state, r)
                 if self._new_to_the_rule(rank, state):
                     out += self._judge(rank, r)
+                if self.combining:
+                    self._shard_norms(rank, r)
                 if lead:
-                    out.append(r)
+                    self._to_main(r, out)
+                if self.combining:
+                    out += self._release()
             elif kind == "alert":
                 tagged = {**r, "rank": rank}
                 state.alerts.append(tagged)
@@ -122,6 +141,9 @@ class RanksState:
                     state.host = str(r.get("host") or "") or None
                     state.pid = integer(r.get("pid"))
                     state.end_reason = None
+                    # Any rank's run record tells (a job's ranks are sharded alike): one may come before the lead's.
+                    if r.get("sharded") is True and len(self.ranks) == self.world_size:
+                        self.combining = True
                     # Off CUDA there is no device memory in its steps: the process's RSS stands for it.
                     state.uses_rss = not str(r.get("device") or "").startswith("cuda")
                 elif kind == "end":
@@ -136,8 +158,56 @@ class RanksState:
                         if state.step is not None:
                             state.memory_series.add(state.step, rss)
                 if lead:
-                    out.append(r)
+                    self._to_main(r, out)
+                if self.combining and kind == "end":
+                    out += self._release()  # a step the ended rank never sent goes on without the model's norms
         return out
+
+    def _to_main(self, r: Record, out: list[Record]) -> None:
+        """The lead's record for the main state: behind any held step (the order is the lead's), else now."""
+        if self._held or (self.combining and r.get("kind") == "step"):
+            self._held.append(r)
+        else:
+            out.append(r)
+
+    def _shard_norms(self, rank: int, r: Record) -> None:
+        step = integer(r.get("step"))
+        # Bounded: a rank read far ahead of the lead (a replay) keeps the steps the lead needs first.
+        if step is not None and (step in self._norms or len(self._norms) < MAX_NORM_STEPS):
+            self._norms.setdefault(step, {})[rank] = tuple(num(r.get(name)) for name in NORMS)
+
+    def _release(self) -> list[Record]:
+        """The held lead records whose step every rank has sent (with the model's norms), or never will."""
+        out: list[Record] = []
+        while self._held:
+            r = self._held[0]
+            if r.get("kind") != "step":
+                out.append(self._held.popleft())
+                continue
+            step = integer(r.get("step"))
+            shards = self._norms.get(step, {}) if step is not None else {}
+            if len(shards) < self.world_size and not self._never(step, shards) and len(self._held) <= MAX_HELD:
+                break
+            self._held.popleft()
+            out.append({**r, **_model_norms(shards, self.world_size), "norms": "job"})
+            if step is not None:
+                self._norms.pop(step, None)
+                # Steps the lead never sent (thinned): the oldest first, as they came in.
+                while self._norms and (first := next(iter(self._norms))) < step:
+                    del self._norms[first]
+        return out
+
+    def _never(self, step: int | None, shards: dict[int, Any]) -> bool:
+        """Whether a rank missing from ``shards`` will not send ``step`` now: it went past it, ended, or its
+        connection went away (the lead's records do not wait for its return)."""
+        for rank, state in self.ranks.items():
+            if rank in shards:
+                continue
+            if step is None or state.end_reason is not None or (state.step is not None and state.step > step):
+                return True
+            if not state.connected and state.last_seen is not None:
+                return True
+        return False
 
     def _step(self, state: RankState, r: Record) -> None:
         state.step = integer(r.get("step"))
@@ -183,6 +253,8 @@ class RanksState:
         """A (re)connection of ``rank``: its stream starts again at its run record."""
         old = self.ranks[rank]
         self.ranks[rank] = RankState(rank, host=old.host, pid=old.pid, connected=True, last_seen=old.last_seen)
+        if rank == self.lead:
+            self._held.clear()  # the main state starts over with the lead's history, which comes again
 
     def disconnected(self, rank: int) -> list[Record]:
         """``rank`` went away; the combined replies this settles (commands it will never answer)."""
@@ -244,6 +316,18 @@ class RanksState:
 
     def live_ranks(self) -> list[int]:
         return [r for r, s in self.ranks.items() if s.connected and s.end_reason is None]
+
+
+def _model_norms(shards: dict[int, tuple[float | None, ...]], world_size: int) -> dict[str, float | None]:
+    """Each norm of the model from its ranks' shards: the root of the sum of their squares, where every rank gave
+    one; none otherwise (a shard's alone is not the model's)."""
+    norms: dict[str, float | None] = {}
+    for i, name in enumerate(NORMS):
+        values = [v[i] for v in shards.values()]
+        complete = len(values) == world_size and all(v is not None for v in values)
+        norms[name] = math.sqrt(sum(v * v for v in values if v is not None)) if complete else None
+    norms["grad_norm_clipped"] = None
+    return norms
 
 
 def combine_replies(cmd_id: int, cmd: str, replies: dict[int, Record]) -> Record:

@@ -103,6 +103,7 @@ class TrainingView:
     at_step: int | None = None  # the cursor's step: the values are that step's (the record the cursor snaps to)
     lr_constant: bool = False  # one lr all along: its line says so, and its chart's rows go to the loss
     sharded: bool = False  # the run's norms are its rank's shard's (FSDP): the grad norm's title says so
+    combined: bool = False  # ... unless the viewer has every rank: the model's, from the ranks' shards (ranks.py)
 
 
 @dataclass(frozen=True)
@@ -502,6 +503,7 @@ def training_view(
         compared=compared,
         lr_constant=state.lr.constant,
         sharded=state.run.get("sharded") is True,
+        combined=step.get("norms") == "job",
     )
     return view if looks.cursor is None else at_cursor(view, state, looks.cursor)
 

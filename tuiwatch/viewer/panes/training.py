@@ -88,7 +88,9 @@ class TrainingPane(Pane):
         rows += self.draw(v.lr, width, lr_h)
         norm = [(number(v.grad_norm_value), self.value_style(v.grad_norm_value))]
         clipped = [(" clipped", self.style_of("clipped"))] if v.grad_norm_clipped else []
-        if v.sharded:  # FSDP: this rank's shard of the gradients, measured at its optimizer step
+        if v.combined:  # FSDP with every rank here: the model's, the root of the sum of the shards' squares
+            label = "grad norm, ranks' shards combined (log) " if width >= 48 else "grad norm "
+        elif v.sharded:  # FSDP: this rank's shard of the gradients, measured at its optimizer step
             label = "grad norm of this rank's shard (log) " if width >= 48 else "shard grad norm "
         else:
             label = "grad norm pre-clip (log) " if width >= 36 else "grad norm "
