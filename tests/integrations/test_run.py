@@ -374,6 +374,65 @@ def test_an_optimizer_beside_the_first_over_the_same_model_is_watched_with_it(
     assert all(s["batch_shape"] == [[32, 8], [32]] for s in steps[1:])  # each step the batch it trained on
 
 
+GPT_MUON_SHAPED = """
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+class Block(nn.Module):  # modded-nanogpt's shape: bias-free matrices, a norm without weights
+    def __init__(self, d):
+        super().__init__()
+        self.fc, self.proj = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        return x + self.proj(F.relu(self.fc(F.rms_norm(x, (x.size(-1),)))).square())
+
+class GPT(nn.Module):
+    def __init__(self, vocab=32, d=32):
+        super().__init__()
+        self.embed, self.head = nn.Embedding(vocab, d), nn.Linear(d, vocab, bias=False)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(2))
+
+    def forward(self, idx):
+        x = self.embed(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(F.rms_norm(x, (x.size(-1),)))
+
+torch.manual_seed(0)
+model = GPT()
+hidden = [p for name, p in model.named_parameters() if name.startswith("blocks.")]
+rest = [p for name, p in model.named_parameters() if not name.startswith("blocks.")]
+optimizers = [torch.optim.Muon(hidden, lr=0.02), torch.optim.AdamW(rest, lr=3e-3)]
+data = torch.arange(4096) % 32
+for _ in range(12):
+    starts = torch.randint(0, 4000, (16,))
+    x = torch.stack([data[i : i + 16] for i in starts])
+    y = torch.stack([data[i + 1 : i + 17] for i in starts])
+    F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    for optimizer in optimizers:
+        optimizer.step()
+    for optimizer in optimizers:
+        optimizer.zero_grad()
+"""
+
+
+def test_muon_over_blocks_that_hold_nothing_else_is_watched_on_the_whole_model_with_adamw(
+    socket_dir: Path, tmp_path: Path
+):
+    """Muon steps a GPT's blocks, which hold its matrices and nothing AdamW steps: the model found was the blocks'
+    ModuleList (no forward runs through it: no output check, no phases), its lr Muon's alone. One backward filled
+    both optimizers' gradients before the first step: the model is the GPT, both optimizers watched."""
+    ledger = run_source(GPT_MUON_SHAPED, tmp_path, socket_dir)
+    run_record = records(ledger, "run")[0]
+    assert (run_record["model"], run_record["optimizer"], run_record["params"]) == ("GPT", "Muon + AdamW", 18_432)
+    steps = records(ledger, "step")
+    assert len(steps) == 12
+    assert all(s["lr"] == [0.02, 3e-3] for s in steps)
+    assert [s["finite"]["forward"] for s in steps[2:]] == [True] * 10  # the GPT's forward, checked
+    assert records(ledger, "alert") == []
+
+
 SAC_SHAPED = """
 import json, sys
 import torch

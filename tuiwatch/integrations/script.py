@@ -10,8 +10,11 @@ side, through hooks and patches that last while the script runs:
   alive then that step the model's parameters and no others (torch's ``Muon``
   for the matrices beside ``AdamW`` for the rest) are watched with it;
 - the **model** is the outermost module that holds the optimizer's
-  parameters (the fewest other parameters if several do); the LR scheduler and
-  the GradScaler, the ones built on that optimizer, found once, then;
+  parameters (the fewest other parameters if several do), or that holds
+  them with those of the optimizers whose parameters the same backward
+  gave gradients to (Muon over a GPT's blocks, AdamW over the rest); the LR
+  scheduler and the GradScaler, the ones built on those optimizers, found
+  once, then;
 - a **step** ends when that optimizer's ``step()`` returns (torch's global
   post-hook), or after the optimizers watched with it have stepped too:
   viewer commands run there. Micro-batches before it fold into
@@ -132,6 +135,31 @@ def _stepped_by_others(optimizer: torch.optim.Optimizer, objects: list[Any]) -> 
         for group in o.param_groups
         for p in group["params"]
     }
+
+
+def model_of_one_backward(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn.Module | None:
+    """The outermost module holding the parameters of ``optimizer`` and of every other optimizer whose parameters
+    already hold gradients when it first steps, if one holds them all; else None.
+
+    Those gradients came from the same backward: Muon for a GPT's hidden matrices beside AdamW for its embedding
+    and head, where ``find_model`` alone finds the blocks (a ModuleList that no forward runs through, which holds
+    Muon's parameters and none of AdamW's). A GAN's generator, an actor beside its critic, get theirs from a
+    backward of their own, after this first step: they are not in it.
+    """
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    others = False
+    for o in objects:
+        if not issubclass(type(o), torch.optim.Optimizer) or inner_optimizer(o) is optimizer:
+            continue
+        params = [p for group in inner_optimizer(o).param_groups for p in group["params"]]
+        if any(p.grad is not None for p in params):
+            wanted.update(id(p) for p in params)
+            others = True
+    if not others:
+        return None
+    modules = [o for o in objects if issubclass(type(o), torch.nn.Module)]
+    found, key = _most_of(_roots(modules), wanted, set())
+    return found if found is not None and -key[0] == len(wanted) else None
 
 
 def steps_beside(optimizer: torch.optim.Optimizer, model: torch.nn.Module, objects: list[Any]) -> list[Any]:
@@ -321,6 +349,7 @@ class ScriptWatch:
             self._passed.add(id(optimizer))
             return
         self.optimizer = optimizer
+        model = model_of_one_backward(optimizer, objects) or model
         beside = [] if isinstance(model, BareTensors) else steps_beside(optimizer, model, objects)
         optimizers = [optimizer, *beside]
         found = [_built_on(o, objects) for o in optimizers]
