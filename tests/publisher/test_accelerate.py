@@ -37,6 +37,33 @@ def prepared(accelerator: object, shuffle: bool) -> tuple[nn.Module, torch.optim
     return accelerator.prepare(model, opt, loader)  # type: ignore[attr-defined,no-any-return]
 
 
+def test_two_prepared_optimizers_of_one_model_are_watched_together(run_root: Path, socket_dir: Path):
+    acc = accelerate.Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 2))
+    matrices = torch.optim.Muon([p for p in model.parameters() if p.ndim == 2], lr=0.02)
+    rest = torch.optim.AdamW([p for p in model.parameters() if p.ndim != 2], lr=1e-3)
+    model, matrices, rest = acc.prepare(model, matrices, rest)
+    x = torch.randn(64, 2)
+    with tuiwatch.Watch(model, [matrices, rest], run_dir=run_root, quiet=True, update_norm_every=1) as watch:
+        for _ in range(4):
+            watch.step()
+            before = [p.detach().clone() for p in model.parameters()]
+            acc.backward(nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long()))
+            matrices.step()
+            rest.step()
+            matrices.zero_grad()
+            rest.zero_grad()
+            moved = sum(float((p.detach() - b).pow(2).sum()) for p, b in zip(model.parameters(), before, strict=True))
+            watch.log(moved=moved**0.5)
+    assert watch.ledger_path is not None
+    ledger = list(tuiwatch.read_ledger(watch.ledger_path))
+    assert ledger[0]["optimizer"] == "Muon in AcceleratedOptimizer + AdamW in AcceleratedOptimizer"
+    steps = [r for r in ledger if r["kind"] == "step"]
+    assert [(r["opt_step"], r["lr"]) for r in steps] == [(n, [0.02, 1e-3]) for n in range(1, 5)]
+    assert [r["update_norm"] for r in steps] == pytest.approx([r["moved"] for r in steps], rel=1e-5)
+
+
 def test_a_prepared_loop_records_every_step_with_its_pre_clip_norm_and_lr(run_root: Path, socket_dir: Path):
     acc = accelerate.Accelerator(cpu=True)
     model, opt, loader = prepared(acc, shuffle=True)

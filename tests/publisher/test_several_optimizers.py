@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from tuiwatch.errors import TuiwatchError
+from tuiwatch.errors import NonFiniteError, TuiwatchError
 from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.checkpoints import load_checkpoint
 from tuiwatch.publisher.watch import Watch
@@ -123,6 +123,67 @@ def test_skip_on_a_nonfinite_gradient_skips_every_optimizer_of_the_step(run_root
     assert [s["opt_step"] for s in steps] == [1, 2, 3, None, 4, 5]
 
 
+class GAN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.generator = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+        self.discriminator = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+
+
+def _gan_steps(watch: Watch, gan: GAN, opt_d: torch.optim.Optimizer, opt_g: torch.optim.Optimizer, late: bool) -> None:
+    """dcgan's step, the discriminator's update then the generator's, each after a backward of its own; the
+    generator's loss is NaN at step 3. ``late``: Lightning's order, gradients_ready() before each optimizer."""
+    bce = nn.functional.binary_cross_entropy_with_logits
+    for step in range(6):
+        watch.step()
+        real, fake = torch.randn(16, 8), gan.generator(torch.randn(16, 4))
+        d_loss = bce(gan.discriminator(real), torch.ones(16, 1)) + bce(
+            gan.discriminator(fake.detach()), torch.zeros(16, 1)
+        )
+        opt_d.zero_grad()
+        d_loss.backward()
+        if late:
+            watch.gradients_ready()
+        opt_d.step()
+        g_loss = bce(gan.discriminator(fake), torch.ones(16, 1)) * (math.nan if step == 3 else 1.0)
+        opt_g.zero_grad()
+        g_loss.backward()
+        if late:
+            watch.gradients_ready()
+        opt_g.step()
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["hooks", "gradients_ready"])
+def test_a_later_optimizers_own_nonfinite_gradients_stop_the_run_before_its_update(run_root: Path, late: bool):
+    # The step's check was the first optimizer's alone: the generator's NaN gradients were applied, and the run
+    # went on with NaN weights, to be named at a later step's forward.
+    torch.manual_seed(0)
+    gan = GAN()
+    opt_d = torch.optim.Adam(gan.discriminator.parameters(), lr=2e-4)
+    opt_g = torch.optim.Adam(gan.generator.parameters(), lr=2e-4)
+    watch = Watch(gan, [opt_d, opt_g], run_dir=run_root, system=False, quiet=True, late_gradients=late)
+    with pytest.raises(NonFiniteError) as stopped:
+        _gan_steps(watch, gan, opt_d, opt_g, late)
+    assert (stopped.value.step, stopped.value.boundary) == (3, "grad")
+    assert all(bool(p.isfinite().all()) for p in gan.parameters())  # the generator's update was not taken
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert steps[3]["grad_norm"] is None or math.isnan(steps[3]["grad_norm"])
+
+
+def test_with_skip_a_later_optimizers_nonfinite_gradients_skip_its_update_alone(run_root: Path):
+    torch.manual_seed(0)
+    gan = GAN()
+    opt_d = torch.optim.Adam(gan.discriminator.parameters(), lr=2e-4)
+    opt_g = torch.optim.Adam(gan.generator.parameters(), lr=2e-4)
+    with Watch(gan, [opt_d, opt_g], run_dir=run_root, system=False, quiet=True, on_nonfinite="skip") as watch:
+        _gan_steps(watch, gan, opt_d, opt_g, late=False)
+    assert all(bool(p.isfinite().all()) for p in gan.parameters())
+    steps = _steps(watch)
+    assert [s.get("opt_skipped", False) for s in steps] == [False, False, False, True, False, False]
+    assert [s["opt_step"] for s in steps] == [1, 2, 3, 4, 5, 6]  # the discriminator stepped at step 3
+
+
 def test_a_checkpoint_holds_every_optimizer_and_scheduler_and_resumes_exactly(run_root: Path, tmp_path: Path):
     def run(name: str, steps: int, resume_from: Path | None = None, save_at: int | None = None) -> list[float]:
         model, adamw, muon = _model_and_optimizers()
@@ -181,6 +242,29 @@ def test_a_checkpoint_of_another_set_of_optimizers_is_refused_before_anything_is
     assert not torch.equal(adamw.state_dict()["state"][0]["exp_avg"], saved)
     with Watch(model, [adamw], run_dir=run_root / "d", system=False, quiet=True, resume_from=tmp_path / "one.pt"):
         assert torch.equal(adamw.state_dict()["state"][0]["exp_avg"], saved)
+
+
+def test_a_watch_given_one_of_two_optimizers_says_so_once_and_one_given_both_says_nothing(
+    run_root: Path, capsys: pytest.CaptureFixture[str]
+):
+    model, adamw, muon = _model_and_optimizers()
+    for name, given in (("one", muon), ("both", [adamw, muon])):
+        with Watch(model, given, name=name, run_dir=run_root, system=False, quiet=True) as watch:
+            for _ in range(3):
+                watch.step()
+                _step(model, [adamw, muon])
+    assert capsys.readouterr().err.splitlines() == [
+        "tuiwatch: one: 2 of the model's parameters that the optimizer does not hold were updated in step 0 (another "
+        "optimizer?): its lr, update norm and checkpoints leave them out; give the Watch every optimizer, "
+        "Watch(model, [muon, adamw])"
+    ]
+    # Trainable parameters the optimizer leaves alone (a head trained over a backbone not frozen) are no sign.
+    head = torch.optim.SGD(list(model.parameters())[2:], lr=0.1)
+    with Watch(model, head, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(3):
+            watch.step()
+            _step(model, [head])
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize(

@@ -76,8 +76,9 @@ def _callback_bases() -> tuple[type, ...]:
 
 
 NOT_SEEN = [
-    "with several optimizers (manual optimization), gradients a later optimizer steps on after a backward of its "
-    "own (a GAN's generator): the gradient norm and the non-finite check are the step's first optimizer's",
+    "with several optimizers (manual optimization), the norm of the gradients a later optimizer steps on after a "
+    "backward of its own (a GAN's generator): the step's grad_norm is its first optimizer's (the later ones' "
+    "gradients are checked for non-finite values all the same)",
     "data wait is the time between batches, less validation: Lightning's fetch itself is not timed",
 ]
 VALIDATION_PREFIXES = ("val_", "val/", "valid_", "validation_", "validation/")

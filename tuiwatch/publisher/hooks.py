@@ -8,9 +8,12 @@
 - optimizer step post-hook: lr per group, the parameter and update norms;
 - several optimizers on one model (``Muon`` for the matrices beside
   ``AdamW`` for the rest): the step's first pre-hook measures the gradients
-  and takes the snapshot, each post-hook reads the lr of them all, and the
-  parameter and update norms are read when the step ends, after every one
-  of them has stepped;
+  and takes the snapshot, a later one checks the gradients a backward of its
+  own made since (a GAN's other half), each post-hook reads the lr of them
+  all, and the parameter and update norms are read when the step ends, after
+  every one of them has stepped; until the first update, a parameter of the
+  model that none of them holds and that moves is said on stderr (another
+  optimizer the Watch was not given);
 - forward hook on the root module: the output's finiteness probe, the class
   count, the model's mode during a validation block, and an OOM raised
   inside the forward;
@@ -131,6 +134,24 @@ def _holds_any(params: list[Any], mine: list[torch.Tensor]) -> bool:
     return any(id(p) in given for p in mine)
 
 
+def _gradient_mark(optimizer: Any) -> tuple[Any, int] | None:
+    """An optimizer's gradients as they are now: its first gradient (held weakly: a gradient set to None and made
+    again may get the freed one's id) and that gradient's version (a backward adds into it in place)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            grad = p.grad
+            if grad is not None:
+                return weakref.ref(grad), grad._version
+    return None
+
+
+def _unchanged(mark: tuple[Any, int] | None, optimizer: Any) -> bool:
+    now = _gradient_mark(optimizer)
+    if mark is None or now is None:
+        return mark is None and now is None
+    return mark[0]() is now[0]() and mark[1] == now[1]
+
+
 def is_forward_hook(hook: Any) -> bool:
     return isinstance(hook, ForwardHook)
 
@@ -147,12 +168,19 @@ class ModelHooks:
         update_norm_every: int,
         param_norm_every: int,
         late_gradients: bool = False,
+        name: str = "",
     ):
         self.tracker = tracker
         self.failures = failures
+        self.name = name  # the run's, for the one line on stderr about parameters another optimizer moves
         self.model = model
         self.optimizers = optimizers
         self.optimizer = optimizers[0] if optimizers else None  # the usual one, asked at every step without a list
+        self._stepping = [inner_optimizer(o) for o in optimizers]
+        self._several = len(optimizers) > 1
+        # Several optimizers: each one's gradients as the step's check saw them, and that step (_check_newer).
+        self._marks: list[tuple[Any, int] | None] = []
+        self._marked: StepState | None = None
         self.checking = checking  # on_nonfinite "stop" or "skip": the grad norm is read before the update
         self.update_norm_every = update_norm_every
         self.param_norm_every = param_norm_every
@@ -180,6 +208,8 @@ class ModelHooks:
         if not self.optimizers:
             self.tracker.on_open = self.at_step_open
             self.tracker.on_end = self.at_step_end
+        else:
+            self._watch_outside()
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
         self._handles.append(self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True))
         pickling.hide_hooks(type(self.model), is_forward_hook)
@@ -308,9 +338,17 @@ class ModelHooks:
         return with_closure(args, kwargs, after_first_call(closure, lambda: self._measure_gradients(s, params)))
 
     def gradients_ready(self) -> None:
-        """``late_gradients``: this step's gradients are complete (after backward, before any clipping)."""
-        if not self.tracker.off:
-            self._measure_gradients(self.tracker.current(), self.params())
+        """``late_gradients``: this step's gradients are complete (after backward, before any clipping). Called again
+        in the step for a later optimizer (Lightning calls it before each), the gradients a backward of its own
+        made since are checked too."""
+        if self.tracker.off:
+            return
+        s = self.tracker.current()
+        if self._marked is s:
+            if self.checking:
+                self._check_newer(s, range(len(self._stepping)))
+            return
+        self._measure_gradients(s, self.params())
 
     def _gradient_norm(self, s: StepState, params: list[torch.Tensor]) -> Any:
         """The step's gradient norm: the one a clip gave, else measured now when the step is recorded or checked."""
@@ -327,8 +365,27 @@ class ModelHooks:
             # "stop"/"skip" must know now: free on the CPU, the one documented sync per step on CUDA.
             norm = norm.item() if checking else defer(norm)
         s.grad_norm = norm
+        if self._several and checking:
+            self._marks, self._marked = [_gradient_mark(o) for o in self._stepping], s
         if checking and type(norm) is float and not math.isfinite(norm):
             self.failures.nonfinite_gradients(s, params)
+
+    def _check_newer(self, s: StepState, which: Any) -> None:
+        """Several optimizers, "stop"/"skip": the optimizers among ``which`` whose gradients a backward made since
+        the step's check (a GAN's other half: its own loss, its own backward) are checked before they step. The same
+        gradients (Muon beside AdamW, one backward) are not read twice."""
+        for i in which:
+            optimizer = self._stepping[i]
+            if _unchanged(self._marks[i], optimizer):
+                continue
+            self._marks[i] = _gradient_mark(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            norm = gradient_norm([p.grad for p in params if p.grad is not None])
+            if isinstance(norm, torch.Tensor):
+                norm = norm.item()  # as the step's first check: the one documented sync a step on CUDA
+            if norm is not None and not math.isfinite(norm):
+                s.grad_norm = norm
+                self.failures.nonfinite_gradients(s, params)
 
     def after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         tracker = self.tracker
@@ -358,6 +415,8 @@ class ModelHooks:
         the whole model; the others step on the same gradients (or on none, after a "skip")."""
         s = self.tracker.cur
         if s is not None and s.opt_start is not None:
+            if self._marked is s and self.checking and not self.late_gradients:
+                self._check_newer(s, [self._stepping.index(optimizer)])
             return None
         self._before_update = None  # an earlier step's, whose optimizers did not all step: not this step's start
         return self.before_optimizer_step(optimizer, args, kwargs)
@@ -392,6 +451,34 @@ class ModelHooks:
             s.param_norm = defer_tensor(total_norm(self.params()))
         if before is not None:
             s.update_norm = defer_tensor(self._update_norm(before))
+
+    def _watch_outside(self) -> None:
+        """Until the first update, keep the version counters of the model's trainable parameters that no watched
+        optimizer holds: one that moves then was stepped by another optimizer, which the Watch was not given."""
+        held = {id(p) for o in self.optimizers for g in inner_optimizer(o).param_groups for p in g["params"]}
+        outside = [p for p in self.model.parameters() if p.requires_grad and id(p) not in held]
+        if not outside:
+            return
+        versions = [p._version for p in outside]
+        after = self.tracker.on_end  # several optimizers' norms, read first
+
+        def at_first_update(s: StepState) -> None:
+            if after is not None:
+                after(s)
+            if s.opt_step is None:
+                return  # no update yet (accumulation): the next step's end asks again
+            self.tracker.on_end = after
+            moved = sum(p._version != v for p, v in zip(outside, versions, strict=True))
+            if moved:
+                print(
+                    f"tuiwatch: {self.name}: {moved} of the model's parameters that the optimizer does not hold were "
+                    f"updated in step {s.step} (another optimizer?): its lr, update norm and checkpoints leave them "
+                    "out; give the Watch every optimizer, Watch(model, [muon, adamw])",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        self.tracker.on_end = at_first_update
 
     def at_step_open(self, s: StepState) -> None:
         """No optimizer: keep the weights the update norm compares with, on the steps that sample it."""

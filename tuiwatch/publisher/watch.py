@@ -189,6 +189,7 @@ class Watch:
             update_norm_every=self.update_norm_every,
             param_norm_every=self.param_norm_every,
             late_gradients=late_gradients,
+            name=self.name,
         )
         self._hooks.attach()
         self._replicated = replicated(model, optimizer, self.run_record["world_size"])
