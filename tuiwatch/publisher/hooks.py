@@ -30,6 +30,7 @@ import sys
 import time
 import types
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -194,13 +195,12 @@ class ModelHooks:
         self._handles: list[Any] = []
 
     def attach(self) -> None:
-        if len(self.optimizers) > 1:
+        if self._several:
             pre, post = self.before_any_optimizer_step, self.after_each_optimizer_step
             self.tracker.on_end = self.after_all_optimizer_steps
         else:
             pre, post = self.before_optimizer_step, self.after_optimizer_step
-        for optimizer in self.optimizers:
-            stepping = inner_optimizer(optimizer)
+        for stepping in self._stepping:
             # Not traced where the optimizer's step is compiled (PyTorch's recipe: torch.compile of a function that
             # calls opt.step()): one graph became ten, as for the forward hook below.
             self._handles.append(stepping.register_step_pre_hook(uncompiled(pre)))
@@ -235,10 +235,10 @@ class ModelHooks:
         optimizer = self.optimizer
         groups = optimizer.param_groups if optimizer is not None else []
         # Asked at every optimizer step: one group of one optimizer (the usual) without a generator.
-        if len(groups) == 1 and len(self.optimizers) == 1:
+        if len(groups) == 1 and not self._several:
             key = len(groups[0]["params"])
         else:
-            key = sum(len(g["params"]) for o in self.optimizers for g in o.param_groups)
+            key = sum(len(g["params"]) for o in self._stepping for g in o.param_groups)
         if self._param_cache[0] != key or not self._param_cache[1]:
             self._param_cache = (key, list(self.model.parameters()))
         return self._param_cache[1]
@@ -370,7 +370,7 @@ class ModelHooks:
         if checking and type(norm) is float and not math.isfinite(norm):
             self.failures.nonfinite_gradients(s, params)
 
-    def _check_newer(self, s: StepState, which: Any) -> None:
+    def _check_newer(self, s: StepState, which: Iterable[int]) -> None:
         """Several optimizers, "stop"/"skip": the optimizers among ``which`` whose gradients a backward made since
         the step's check (a GAN's other half: its own loss, its own backward) are checked before they step. The same
         gradients (Muon beside AdamW, one backward) are not read twice."""
@@ -433,7 +433,7 @@ class ModelHooks:
             s.opt_end_mark = device_mark()
         s.lr = [
             defer(lr) if isinstance(lr := g.get("lr"), torch.Tensor) else lr
-            for o in self.optimizers
+            for o in self._stepping
             for g in o.param_groups
         ]
         if s.opt_skipped or s.opt_step is not None:
@@ -455,7 +455,7 @@ class ModelHooks:
     def _watch_outside(self) -> None:
         """Until the first update, keep the version counters of the model's trainable parameters that no watched
         optimizer holds: one that moves then was stepped by another optimizer, which the Watch was not given."""
-        held = {id(p) for o in self.optimizers for g in inner_optimizer(o).param_groups for p in g["params"]}
+        held = {id(p) for o in self._stepping for g in o.param_groups for p in g["params"]}
         outside = [p for p in self.model.parameters() if p.requires_grad and id(p) not in held]
         if not outside:
             return

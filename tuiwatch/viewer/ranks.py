@@ -13,8 +13,9 @@ A sharded job's ranks (FSDP: the run record's ``sharded``) each measure their
 shard's norms. Where the viewer has every rank of the job, the lead's step
 records wait until every rank's record of the same step has come, and go on
 with the model's norms: the root of the sum of the ranks' squares
-(``norms: "job"``); a step a rank will not send (its relay thinned it, or it
-ended) goes on with no norm rather than with a shard's.
+(``norms: "job"``); a step a rank will not send (its relay thinned it, it
+ended, or its connection went away) goes on with no norm rather than with a
+shard's.
 """
 
 from __future__ import annotations
@@ -266,6 +267,8 @@ class RanksState:
                 gone = "the rank went away before it answered"
                 sent.replies[rank] = {"kind": "action", "id": cmd_id, "action": sent.cmd, "ok": False, "error": gone}
                 out += self._settle(cmd_id)
+        if self.combining:
+            out += self._release()  # the lead's steps do not wait for it
         return out
 
     def kept_alerts(self) -> list[Record]:
