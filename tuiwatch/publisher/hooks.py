@@ -135,6 +135,15 @@ def _holds_any(params: list[Any], mine: list[torch.Tensor]) -> bool:
     return any(id(p) in given for p in mine)
 
 
+def _stepped(s: StepState, groups: list[dict[str, Any]]) -> None:
+    """An optimizer's step has ended: the step's optimizer phase ends here, and its lr is read from ``groups``."""
+    s.opt_end = time.perf_counter()
+    if s.device_start is not None:
+        s.opt_end_mark = device_mark()
+    # .get: an optimizer of one's own may give its groups a step size and no "lr" (a KeyError here ended runs).
+    s.lr = [defer(lr) if isinstance(lr := g.get("lr"), torch.Tensor) else lr for g in groups]
+
+
 def _gradient_mark(optimizer: Any) -> tuple[Any, int] | None:
     """An optimizer's gradients as they are now: its first gradient (held weakly: a gradient set to None and made
     again may get the freed one's id) and that gradient's version (a backward adds into it in place)."""
@@ -392,11 +401,7 @@ class ModelHooks:
         s = tracker.cur
         if tracker.off or s is None:
             return
-        s.opt_end = time.perf_counter()
-        if s.device_start is not None:
-            s.opt_end_mark = device_mark()
-        # .get: an optimizer of one's own may give its groups a step size and no "lr" (a KeyError here ended runs).
-        s.lr = [defer(lr) if isinstance(lr := g.get("lr"), torch.Tensor) else lr for g in optimizer.param_groups]
+        _stepped(s, optimizer.param_groups)
         if s.opt_skipped:
             return
         tracker.opt_steps += 1
@@ -428,14 +433,7 @@ class ModelHooks:
         s = tracker.cur
         if tracker.off or s is None:
             return
-        s.opt_end = time.perf_counter()
-        if s.device_start is not None:
-            s.opt_end_mark = device_mark()
-        s.lr = [
-            defer(lr) if isinstance(lr := g.get("lr"), torch.Tensor) else lr
-            for o in self._stepping
-            for g in o.param_groups
-        ]
+        _stepped(s, [g for o in self._stepping for g in o.param_groups])
         if s.opt_skipped or s.opt_step is not None:
             return
         tracker.opt_steps += 1
