@@ -315,6 +315,8 @@ class Watch:
 
         The pre-clip gradient norm is measured now and, with
         ``on_nonfinite="stop"`` or ``"skip"``, checked before the update.
+        Called again in the step (before each of several optimizers), the
+        first norm stays, and the gradients a backward made since are checked.
         """
         self._hooks.gradients_ready()
 
