@@ -92,7 +92,7 @@ def find_model(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn
     optimizer's and none of theirs: the norms are of the parameters this optimizer steps, not of the actor's
     gradients left from its last step.
     """
-    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    wanted = {id(p) for p in _params(optimizer)}
     stepped = _stepped_by_others(optimizer, objects) - wanted
     # type(), not isinstance(): some module-level objects warn when their __class__ is read.
     modules = [o for o in objects if issubclass(type(o), torch.nn.Module)]
@@ -102,7 +102,7 @@ def find_model(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn
         if inner is not None and inner_key[:2] == (key[0], 0):
             found = inner
     if found is None:  # bare tensors: a module over them, for the norms and the checkpoint
-        found = BareTensors([p for group in optimizer.param_groups for p in group["params"]])
+        found = BareTensors(_params(optimizer))
     return found
 
 
@@ -126,18 +126,30 @@ def _most_of(
     return (_roots(tied)[0] if tied else None), best
 
 
+def other_optimizers(optimizer: torch.optim.Optimizer, objects: list[Any]) -> list[Any]:
+    """The optimizers alive other than ``optimizer``, each once: the one that steps (a wrapper and the optimizer it
+    wraps are one)."""
+    found: dict[int, Any] = {}
+    for o in objects:
+        if issubclass(type(o), torch.optim.Optimizer):
+            stepping = inner_optimizer(o)
+            if stepping is not optimizer:
+                found.setdefault(id(stepping), stepping)
+    return list(found.values())
+
+
+def _params(optimizer: Any) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def _stepped_by_others(optimizer: torch.optim.Optimizer, objects: list[Any]) -> set[int]:
     """The ids of the parameters the optimizers alive other than ``optimizer`` hold."""
-    return {
-        id(p)
-        for o in objects
-        if issubclass(type(o), torch.optim.Optimizer) and o is not optimizer
-        for group in o.param_groups
-        for p in group["params"]
-    }
+    return {id(p) for o in other_optimizers(optimizer, objects) for p in _params(o)}
 
 
-def model_of_one_backward(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn.Module | None:
+def model_of_one_backward(
+    optimizer: torch.optim.Optimizer, others: list[Any], objects: list[Any]
+) -> torch.nn.Module | None:
     """The outermost module holding the parameters of ``optimizer`` and of every other optimizer whose parameters
     already hold gradients when it first steps, if one holds them all; else None.
 
@@ -146,38 +158,27 @@ def model_of_one_backward(optimizer: torch.optim.Optimizer, objects: list[Any]) 
     Muon's parameters and none of AdamW's). A GAN's generator, an actor beside its critic, get theirs from a
     backward of their own, after this first step: they are not in it.
     """
-    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    others = False
-    for o in objects:
-        if not issubclass(type(o), torch.optim.Optimizer) or inner_optimizer(o) is optimizer:
-            continue
-        params = [p for group in inner_optimizer(o).param_groups for p in group["params"]]
-        if any(p.grad is not None for p in params):
-            wanted.update(id(p) for p in params)
-            others = True
-    if not others:
+    wanted = {id(p) for p in _params(optimizer)}
+    filled = [params for params in map(_params, others) if any(p.grad is not None for p in params)]
+    if not filled:
         return None
+    wanted.update(id(p) for params in filled for p in params)
     modules = [o for o in objects if issubclass(type(o), torch.nn.Module)]
     found, key = _most_of(_roots(modules), wanted, set())
     return found if found is not None and -key[0] == len(wanted) else None
 
 
-def steps_beside(optimizer: torch.optim.Optimizer, model: torch.nn.Module, objects: list[Any]) -> list[Any]:
-    """The other optimizers that step parameters of ``model`` and nothing else (torch's ``Muon`` for its matrices
-    beside ``AdamW`` for the rest), in the order of their first parameter in the model: watched with ``optimizer``.
-    A GAN's other optimizer, or an actor's beside a critic's, holds another module's parameters and is not one."""
+def steps_beside(model: torch.nn.Module, others: list[Any]) -> list[Any]:
+    """The optimizers among ``others`` that step parameters of ``model`` and nothing else (torch's ``Muon`` for its
+    matrices beside ``AdamW`` for the rest), in the order of their first parameter in the model: watched with the
+    first. A GAN's other optimizer, or an actor's beside a critic's, holds another module's parameters."""
     position = {id(p): i for i, p in enumerate(model.parameters())}
-    found: dict[int, tuple[int, Any]] = {}  # by the optimizer that steps: a wrapper and the one it wraps are one
-    for o in objects:
-        if not issubclass(type(o), torch.optim.Optimizer):
-            continue
-        stepping = inner_optimizer(o)
-        if stepping is optimizer or id(stepping) in found:
-            continue
-        params = [id(p) for group in stepping.param_groups for p in group["params"]]
+    found: list[tuple[int, Any]] = []
+    for o in others:
+        params = [id(p) for p in _params(o)]
         if params and all(p in position for p in params):
-            found[id(stepping)] = (min(position[p] for p in params), stepping)
-    return [o for _, o in sorted(found.values(), key=lambda item: item[0])]
+            found.append((min(position[p] for p in params), o))
+    return [o for _, o in sorted(found, key=lambda item: item[0])]
 
 
 def _another_holds_a_module(optimizer: torch.optim.Optimizer, objects: list[Any]) -> bool:
@@ -349,8 +350,9 @@ class ScriptWatch:
             self._passed.add(id(optimizer))
             return
         self.optimizer = optimizer
-        model = model_of_one_backward(optimizer, objects) or model
-        beside = [] if isinstance(model, BareTensors) else steps_beside(optimizer, model, objects)
+        others = other_optimizers(optimizer, objects)
+        model = model_of_one_backward(optimizer, others, objects) or model
+        beside = [] if isinstance(model, BareTensors) else steps_beside(model, others)
         optimizers = [optimizer, *beside]
         found = [_built_on(o, objects) for o in optimizers]
         schedulers = [scheduler for scheduler, _ in found if scheduler is not None]
