@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
 MODELS = ("mlp", "cnn")
 
@@ -47,6 +47,17 @@ def loader(x: torch.Tensor, y: torch.Tensor, g: torch.Generator, batch_size: int
     return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=True, generator=g, **kw)
 
 
+def batched(x: torch.Tensor, y: torch.Tensor, g: torch.Generator, batch_size: int = 64) -> DataLoader[Any]:
+    """Shuffled batches fetched with one index each, as a loader of tensors in memory should be.
+
+    The same batches, in the same order, as ``loader(x, y, g)``; its per-row
+    fetch and collate is 40 % of the tiny MLP's step, near ``data-bound``'s
+    bar, where a loaded host pushes a healthy run over it.
+    """
+    rows = BatchSampler(RandomSampler(range(len(x)), generator=g), batch_size, drop_last=False)
+    return DataLoader(TensorDataset(x, y), sampler=rows, batch_size=None, generator=g)
+
+
 def mlp(width: int = 32, inputs: int = 2, classes: int = 2, dropout: float = 0.0) -> nn.Module:
     layers: list[nn.Module] = [nn.Linear(inputs, width), nn.ReLU()]
     if dropout:
@@ -58,7 +69,7 @@ def mlp_problem(seed: int, dropout: float = 0.0) -> Problem:
     g = torch.Generator().manual_seed(seed)
     x, y = separable(4096, g)
     model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 2))
-    train = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, generator=g)
+    train = batched(x, y, g)
     return Problem(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), train, separable(512, g))
 
 
@@ -85,7 +96,7 @@ def cnn_problem(seed: int, dropout: float = 0.0, classes: int = 4) -> Problem:
         nn.Dropout(dropout),
         nn.Linear(16 * 8 * 8, classes),
     )
-    train = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, generator=g)
+    train = batched(x, y, g)
     return Problem(model, torch.optim.Adam(model.parameters(), lr=1e-3), train, sample(256))
 
 
