@@ -76,7 +76,9 @@ def run_arm(arm: str, args: argparse.Namespace, tmp: Path) -> dict[int, dict[str
     env = {**os.environ, "TUIWATCH_DIR": str(tmp / "sock")}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
-        raise SystemExit(f"torchrun failed ({arm}): {done.stderr[-1500:]}")
+        kept = Path(tempfile.mkstemp(prefix=f"tw-ddp-{arm}-", suffix=".log", dir="/tmp")[1])
+        kept.write_text(f"exit status {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}")
+        raise SystemExit(f"torchrun failed ({arm}, its whole output in {kept}): {done.stderr[-1500:]}")
     return {rank: json.loads((tmp / f"{arm}-{rank}.json").read_text()) for rank in (0, 1)}
 
 

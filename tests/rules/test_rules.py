@@ -156,9 +156,37 @@ def test_zero_gradients_of_a_zero_loss_are_a_loss_at_its_floor_not_a_broken_grap
     solved = [step(i, loss=0.0, grad_norm=0.0) for i in range(10)]
     assert fired([step(i) for i in range(3)] + solved + [step(13)], "grad-zero") == []
     detached = [step(i, loss=0.7, grad_norm=0.0) for i in range(5)]
-    assert fired(solved[:3] + detached, "grad-zero") == [("grad-zero", 4, "critical")]
+    assert fired([step(0), *solved[1:3], *detached], "grad-zero") == [("grad-zero", 4, "critical")]
     missing = [step(i, loss=0.0, grad_norm=None) for i in range(5)]  # no .grad at all: broken whatever the loss
     assert fired(missing, "grad-zero") == [("grad-zero", 4, "critical")]
+
+
+def test_a_loss_of_zero_since_the_first_step_with_zero_gradients_never_depended_on_the_model():
+    # pytorch/examples' DDP tutorial (multigpu_torchrun.py): a Linear(20, 1) regression trained with cross_entropy
+    # against float targets. Over one output column the softmax is 1, so the loss is -0.0 and every gradient 0.0 at
+    # every step; grad-zero took it for a loss at its floor and only loss-frozen spoke, pointing at the lr.
+    never = [step(i, loss=-0.0, grad_norm=0.0) for i in range(60)]
+    alerts = Diagnosis(["grad-zero", "loss-frozen"]).run(never)
+    assert [(a["rule"], a["step"], a["severity"]) for a in alerts] == [
+        ("grad-zero", 4, "critical"),
+        ("loss-frozen", 49, "warning"),
+    ]
+    zero, frozen = alerts
+    assert (
+        zero["message"]
+        == "gradients are all zero for 5 optimizer steps, and the loss has been 0 at every step since the first"
+    )
+    assert "does not depend on the model" in zero["next_check"]
+    assert "mse_loss" in zero["next_check"]
+    assert frozen["message"] == "loss is -0.0 for 50 steps in a row, every gradient zero"
+    assert frozen["evidence"] == {"loss": -0.0, "steps": 50, "zero_grad_steps": 50}
+    assert frozen["next_check"].startswith("the loss does not depend on the model")
+    # Watched from a later step (a resumed run of a solved task), its start is unseen: a loss at its floor.
+    assert fired([step(i, loss=0.0, grad_norm=0.0) for i in range(100, 110)], "grad-zero") == []
+    # A frozen loss whose gradients are not all zero keeps the lr advice.
+    (moving,) = Diagnosis(["loss-frozen"]).run([step(i, loss=0.5, grad_norm=0.0 if i % 2 else 1.0) for i in range(50)])
+    assert moving["next_check"] == "the model is not changing: look at the update norm and the lr"
+    assert "zero_grad_steps" not in moving["evidence"]
 
 
 def test_steps_without_an_optimizer_step_are_not_zero_gradients():

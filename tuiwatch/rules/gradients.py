@@ -75,7 +75,13 @@ class GradExplosion(Rule):
 
 
 class GradZero(Rule):
-    """The optimizer steps, but the gradients are all zero (or there are none)."""
+    """The optimizer steps, but the gradients are all zero (or there are none).
+
+    Zero gradients of a loss of exactly 0 are a loss at its floor, once the
+    run has had something to learn from (a loss or a gradient that was not 0):
+    a solved task, not a broken graph. A loss that has been 0 at every step
+    since the run's first, with zero gradients, never depended on the model.
+    """
 
     id = "grad-zero"
 
@@ -83,18 +89,40 @@ class GradZero(Rule):
         super().__init__()
         self.steps = steps
         self.run = 0
+        # Whether the run has shown a loss or gradient other than 0; None until the first step record, and True
+        # for a run whose first step record is not step 0 (resumed, or watched from mid-run: its start unseen).
+        self.learned: bool | None = None
 
     def check(self, record: Record) -> AlertRecord | None:
+        norm, loss = record.get("grad_norm"), record.get("loss")
+        learned = self.learned
+        if learned is None:
+            learned = self.learned = record.get("step") != 0
+        if not learned and ((loss is not None and loss != 0) or (norm is not None and norm != 0)):
+            learned = self.learned = True
         if record.get("opt_step") is None:
             return None
-        norm = record.get("grad_norm")
-        if norm == 0 and record.get("loss") == 0:
-            # Nothing to learn from, not a broken graph: a loss at its floor has no gradient (a solved CartPole under
-            # A2C, its returns predicted exactly; a classifier whose margins underflow its loss to 0.0).
-            return None
+        never = False
+        if norm == 0 and loss == 0:
+            if learned:
+                # Nothing to learn from, not a broken graph: a loss at its floor has no gradient (a solved CartPole
+                # under A2C, its returns predicted exactly; a classifier whose margins underflow its loss to 0.0).
+                return None
+            never = True
         self.run = self.run + 1 if norm is None or norm == 0 else 0
         if self.run < self.steps:
             return None
+        if never:
+            return alert_record(
+                self.id,
+                "critical",
+                record.get("step"),
+                f"gradients are all zero for {self.run} optimizer steps, and the loss has been 0 at every step "
+                "since the first",
+                {"grad_norm": norm, "steps": self.run, "loss": loss},
+                "a loss that does not depend on the model: cross_entropy over one output column is 0 whatever the "
+                "input (one regression output needs mse_loss); a loss multiplied by 0",
+            )
         return alert_record(
             self.id,
             "critical",

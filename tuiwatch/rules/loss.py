@@ -16,7 +16,12 @@ from tuiwatch.rules.base import Rule, top_lr
 
 
 class LossFrozen(Rule):
-    """The loss is exactly the same number for many steps in a row."""
+    """The loss is exactly the same number for many steps in a row.
+
+    Where the optimizer stepped on zero gradients at every one of those steps,
+    the loss does not depend on the model at all, and the advice says so
+    rather than pointing at the update norm and the lr.
+    """
 
     id = "loss-frozen"
 
@@ -25,22 +30,30 @@ class LossFrozen(Rule):
         self.steps = steps
         self.last: float | None = None
         self.run = 0
+        self.zero_grads = 0  # steps of the run in which the optimizer stepped on a gradient norm of exactly 0
 
     def check(self, record: Record) -> AlertRecord | None:
         loss = num(record.get("loss"))
         if loss is None:
             return None
-        self.run = self.run + 1 if loss == self.last else 1
+        if loss != self.last:
+            self.run = self.zero_grads = 0
+        self.run += 1
         self.last = loss
+        if record.get("grad_norm") == 0 and record.get("opt_step") is not None:
+            self.zero_grads += 1
         if self.run < self.steps:
             return None
+        no_gradient = self.zero_grads == self.run
         return alert_record(
             self.id,
             "warning",
             record.get("step"),
-            f"loss is {loss!r} for {self.run} steps in a row",
-            {"loss": loss, "steps": self.run},
-            "the model is not changing: look at the update norm and the lr",
+            f"loss is {loss!r} for {self.run} steps in a row" + (", every gradient zero" if no_gradient else ""),
+            {"loss": loss, "steps": self.run, **({"zero_grad_steps": self.zero_grads} if no_gradient else {})},
+            "the loss does not depend on the model: the optimizer stepped on zero gradients (grad-zero)"
+            if no_gradient
+            else "the model is not changing: look at the update norm and the lr",
         )
 
     def clears(self, record: Record) -> bool:
@@ -49,6 +62,7 @@ class LossFrozen(Rule):
         self.last = loss if loss is not None else self.last
         if changed:
             self.run = 1
+            self.zero_grads = int(record.get("grad_norm") == 0 and record.get("opt_step") is not None)
         return changed
 
 
