@@ -839,6 +839,43 @@ def test_an_evaluation_on_the_training_set_is_no_step_and_a_batch_drawn_before_m
     assert steps[6]["data_wait_s"] is not None
 
 
+PEEKS_AT_EACH_EPOCH = """
+import json, sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+x = torch.cat([torch.arange(64.0)[:, None], torch.randn(64, 4)], 1)  # each row starts with its index
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, torch.randint(0, 2, (64,))), batch_size=8,
+                                     shuffle=True)
+model = nn.Linear(5, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+seen = []
+for epoch in range(3):
+    b_sz = len(next(iter(loader))[0])  # pytorch/examples' DDP tutorial prints its batch size so, every epoch
+    epoch_ids = []
+    for inputs, labels in loader:
+        epoch_ids.append(inputs[:, 0].long().tolist())
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(inputs), labels).backward()
+        opt.step()
+    seen.append(epoch_ids)
+json.dump(seen, open(sys.argv[1], "w"))
+"""
+
+
+def test_a_batch_peeked_at_before_each_epoch_is_no_step_and_no_epoch(run_root: Path, socket_dir: Path, tmp_path: Path):
+    # pytorch/examples' multigpu_torchrun.py reads its batch size off next(iter(loader)) before each epoch. That
+    # batch folded into the epoch's first step (16 ids where 8 trained, its wait in the step's) and each peek
+    # counted an epoch: the epochs read 0, 3, 5 for 0, 1, 2.
+    steps, seen = steps_and_seen(PEEKS_AT_EACH_EPOCH, run_root, socket_dir, tmp_path)
+    assert [s["step"] for s in steps] == list(range(24))
+    # Step 0's batch was drawn before the first optimizer step made the Watch; every other step has its own.
+    assert [s["batch_ids"] for s in steps[1:]] == [ids for epoch in seen for ids in epoch][1:]
+    assert all(s.get("micro_batches") is None for s in steps)
+    assert [s["epoch"] for s in steps] == [0] * 8 + [1] * 8 + [2] * 8
+
+
 DRAWS_AFTER_ITS_LAST_STEP = """
 import torch
 from torch import nn

@@ -258,6 +258,7 @@ class ScriptWatch:
         # an evaluation's on the training set (minGPT's adder): it is held until the model's next forward says.
         self._trained_on: weakref.WeakSet[Any] = weakref.WeakSet()
         self._step_dataset: Any = None
+        self._first_data: Any = None  # before the Watch: the data whose iteration began last
         self._held: list[tuple[Any, Any, list[int] | None, float, bool]] = []  # (dataset, batch, ids, wait, first)
         self._held_hooks: list[tuple[Any, type]] = []  # (handle, the module class whose copies leave it out)
         # An evaluator may draw its first batch before it calls model.eval() (ignite's create_supervised_evaluator
@@ -505,8 +506,14 @@ class ScriptWatch:
     def _open(self, dataset: Any, batch: Any, ids: list[int] | None, wait: float, first: bool) -> None:
         """A step for ``batch``, or one more micro-batch of the open one."""
         watch, opened = self.watch, self._opened
+        again = first and dataset is not None  # a new iteration of this data: a peek at it if nothing used the last
         if opened is not None and watch is not None:
-            self._undo_if_evaluated(watch, opened)
+            self._undo_if_unused(watch, opened, peeked=again and dataset is self._step_dataset)
+        if watch is None and again:
+            # Nothing has stepped yet (the first optimizer step makes the Watch): a second iteration of the same
+            # data began an epoch that the first one, a peek, had not.
+            first = dataset is not self._first_data
+            self._first_data = dataset
         self.epochs += first  # an epoch's first batch (a persistent iterator's too)
         if watch is not None:
             tracker = watch._tracker
@@ -519,19 +526,18 @@ class ScriptWatch:
             if tracker.step != step:  # a new step, not a micro-batch folded into the open one
                 self._opened = _Opened(epoch, first, tracker.training_forwards)
 
-    def _undo_if_evaluated(self, watch: Watch, opened: _Opened) -> None:
-        """The step the last batch opened is no step if the model ran forwards since, none in training mode, and
-        nothing was trained: that batch was an evaluation's first (the Watch's forward hook counts the forwards).
-        An evaluation between a step's draw and its training forward (nanoGPT evaluates there) leaves it be."""
+    def _undo_if_unused(self, watch: Watch, opened: _Opened, *, peeked: bool) -> None:
+        """The step the last batch opened is no step if nothing was trained since and either the model ran
+        forwards, none in training mode (that batch was an evaluation's first: the Watch's forward hook counts the
+        forwards), or, with ``peeked``, the model ran no forward at all before a new iteration of the same data
+        began (``len(next(iter(loader))[0])``, a batch size read off a batch that no step trains on). An
+        evaluation between a step's draw and its training forward (nanoGPT evaluates there) leaves it be."""
         self._opened = None
         tracker = watch._tracker
         s = tracker.cur
-        if (
-            s is None
-            or not s.forwards
-            or tracker.training_forwards != opened.training_forwards
-            or not self._untrained(s)
-        ):
+        if s is None or tracker.training_forwards != opened.training_forwards or not self._untrained(s):
+            return
+        if not s.forwards and not peeked:
             return
         tracker.discard()
         tracker.epoch = opened.epoch
