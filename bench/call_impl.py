@@ -1,0 +1,91 @@
+"""The forward hook against the model's own ``_compiled_call_impl``: a prototype of issue 18's lead, measured.
+
+    python bench/call_impl.py [--rounds 15] [--steps 3000]
+
+torch runs a module with any forward hook through ``_call_impl``'s slow path (a closure, a set, the hook tables
+walked): on a small model that costs more than the Watch's hook body. ``Module.__call__`` asks the instance's
+``_compiled_call_impl`` first (``model.compile()`` sets it), so a function put there sees every call of the model
+without a hook and without touching ``model.forward``. Three arms in one process, rotating their order round by
+round, on ``overhead.py``'s tiny MLP (the same model copy, the same batches): the bare loop; a default Watch; the
+same Watch with its forward hook taken off and its hook called from ``_compiled_call_impl`` instead. Printed:
+each arm's added wall and training-thread CPU a step over bare (median of the paired differences, with the
+interquartile range), and the load average at start and end.
+
+Not adopted (docs/performance.md, "Measured on 2026-12-06"): dynamo calls a submodule's ``_call_impl`` directly,
+so a model compiled after the Watch (``torch.compile(model)``) would lose the output probe and the forward count
+without a word, where the hook is traced; and ``model.compile()`` replaces the function.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from overhead import CASES, Arm, iqr, loader_for
+
+ARMS = ("bare", "hooked", "call_impl")
+
+
+def call_impl_instead_of_the_hook(arm: Arm) -> None:
+    """Take the Watch's forward hook off ``arm``'s model and call it from ``_compiled_call_impl``."""
+    model = arm.model
+    (hook_id,) = list(model._forward_hooks)
+    hook = model._forward_hooks.pop(hook_id)
+    model._forward_hooks_always_called.pop(hook_id, None)
+    call = model._call_impl
+
+    def called(*args: Any, **kwargs: Any) -> Any:
+        out = call(*args, **kwargs)
+        hook(model, args, out)
+        return out
+
+    model._compiled_call_impl = called
+    assert not model._forward_hooks
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--steps", type=int, default=3000)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    case = CASES[0]
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; {case.name}, {args.rounds} rounds of {args.steps} steps")
+    run_dir = Path(tempfile.mkdtemp())
+    torch.manual_seed(0)
+    model = case.make_model()
+    loader = loader_for(case, 50)
+    arms = {kind: Arm(case, "bare" if kind == "bare" else "watched", run_dir, model) for kind in ARMS}
+    call_impl_instead_of_the_hook(arms["call_impl"])
+    for arm in arms.values():
+        arm.run(loader, args.steps // 5)  # warm-up
+    wall: dict[str, list[float]] = {k: [] for k in ARMS}
+    cpu: dict[str, list[float]] = {k: [] for k in ARMS}
+    order = list(ARMS)
+    for r in range(args.rounds):
+        for kind in order[r % len(order) :] + order[: r % len(order)]:
+            w, c = arms[kind].run(loader, args.steps)
+            wall[kind].append(w)
+            cpu[kind].append(c)
+    forwards = {kind: arms[kind].watch._tracker.training_forwards for kind in ARMS[1:]}  # type: ignore[union-attr]
+    for arm in arms.values():
+        if arm.watch is not None:
+            arm.watch.close()
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+    print(f"bare step: {statistics.median(wall['bare']) * 1e6:.0f} µs wall; forwards seen {forwards}")
+    print(f"{'arm':<10}{'added wall µs':>24}{'added training-thread CPU µs':>34}")
+    for kind in ARMS[1:]:
+        aw = iqr([(x - b) * 1e6 for x, b in zip(wall[kind], wall["bare"], strict=True)])
+        ac = iqr([(x - b) * 1e6 for x, b in zip(cpu[kind], cpu["bare"], strict=True)])
+        print(f"{kind:<10}{aw[0]:>10.1f} [{aw[1]:6.1f}, {aw[2]:6.1f}]{ac[0]:>20.1f} [{ac[1]:6.1f}, {ac[2]:6.1f}]")
+    saved = iqr([(h - c) * 1e6 for h, c in zip(cpu["hooked"], cpu["call_impl"], strict=True)])
+    print(f"hooked - call_impl, training-thread CPU: {saved[0]:.1f} µs [{saved[1]:.1f}, {saved[2]:.1f}]")
+
+
+if __name__ == "__main__":
+    main()
