@@ -617,6 +617,48 @@ def test_validation_is_judged_by_the_mode_of_the_evaluations_forwards_not_of_the
     assert [a["step"] for a in fired] == [5]
 
 
+@pytest.mark.parametrize("copy", ["swa", "ema"])
+def test_a_validation_of_an_averaged_copy_makes_no_claim_about_the_mode(run_root: Path, copy: str):
+    """torch's SWA recipe (torch.optim.swa_utils) evaluates the AveragedModel in eval mode, and EMA loops their EMA
+    copy: the watched model runs no forward in the block, and its last one was a training step's. Judged by the
+    watched model's mode (training), every such block raised eval-mode on a healthy run."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    averaged = (
+        torch.optim.swa_utils.AveragedModel(model)
+        if copy == "swa"
+        else torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+    )
+    x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for step in range(6):
+            watch.step()
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            averaged.update_parameters(model)
+            if step % 2 == 1:
+                with watch.validation():
+                    averaged.eval()
+                    with torch.no_grad():
+                        watch.log(val_loss=nn.functional.cross_entropy(averaged(x), y))
+                    averaged.train()
+        # The watched model itself evaluated in training mode after its last update: still told.
+        with torch.no_grad():
+            val = nn.functional.cross_entropy(model(x), y)
+        with watch.validation():
+            watch.log(val_loss=val)
+    assert watch.ledger_path is not None
+    evals = [r for r in records(watch.ledger_path) if r["kind"] == "eval"]
+    assert [(r["step"], r["training"]) for r in evals] == [(1, None), (3, None), (5, None), (5, True)]
+    fired = [a for a in _alerts(watch) if a["rule"] == "eval-mode" and a["severity"] != "info"]
+    assert [a["step"] for a in fired] == [5]
+    assert len(fired) == 1
+
+
 def test_gradscaler_skips_are_info_with_the_scale_change_and_no_dump(run_root: Path):
     torch.manual_seed(0)
     model = nn.Linear(8, 2)

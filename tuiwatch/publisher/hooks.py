@@ -404,8 +404,7 @@ class ModelHooks:
         _stepped(s, optimizer.param_groups)
         if s.opt_skipped:
             return
-        tracker.opt_steps += 1
-        s.opt_step = tracker.opt_steps
+        tracker.updated(s)
         if not s.measured:
             return
         if (tracker.opt_steps - 1) % self.param_norm_every == 0:
@@ -436,8 +435,7 @@ class ModelHooks:
         _stepped(s, [g for o in self._stepping for g in o.param_groups])
         if s.opt_skipped or s.opt_step is not None:
             return
-        tracker.opt_steps += 1
-        s.opt_step = tracker.opt_steps
+        tracker.updated(s)
 
     def after_all_optimizer_steps(self, s: StepState) -> None:
         """Several optimizers, at the step's end: every optimizer of the step has stepped, so the parameter and update
@@ -493,8 +491,7 @@ class ModelHooks:
         if not grads:
             return  # no backward in this step (or the loop zeroed the gradients to None before the boundary)
         tracker = self.tracker
-        tracker.opt_steps += 1
-        s.opt_step = tracker.opt_steps
+        tracker.updated(s)
         if not s.measured:
             return
         if s.grad_norm is None:  # watch.clip_grad_norm_ gives the pre-clip norm; this one is after any clipping

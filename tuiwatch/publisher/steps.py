@@ -46,6 +46,9 @@ class StepTracker:
         self.forward_training: bool | None = None
         # The model's forwards in training mode so far: tuiwatch run tells an evaluation's batch by it.
         self.training_forwards = 0
+        # ... when the optimizer last updated the model: equal, the model's last forward was a training step's, so a
+        # validation block that ran none evaluated something else (an EMA or SWA copy), in a mode not seen.
+        self.forwards_at_update = -1
         self.last_boundary = time.perf_counter()
         self.last_batch: KeptBatch | None = None  # what a dump on request saves
         self.recent = RecentBatches()
@@ -75,6 +78,12 @@ class StepTracker:
         if self.on_open is not None:
             self.on_open(s)
         return s
+
+    def updated(self, s: StepState) -> None:
+        """The optimizer updated the model in ``s``: one more optimizer step."""
+        self.opt_steps += 1
+        s.opt_step = self.opt_steps
+        self.forwards_at_update = self.training_forwards
 
     def current(self) -> StepState:
         """The open step; a loop that logs before its first boundary gets one opened for it."""

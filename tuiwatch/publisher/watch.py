@@ -400,14 +400,22 @@ class Watch:
             if state.metrics and not tracker.off:
                 self._pipeline.put(state)
 
-    def _mode_without_forward(self) -> bool:
+    def _mode_without_forward(self) -> bool | None:
         """Whether a validation block in which the model ran no forward evaluated in training mode.
 
         Its numbers were computed before it: by the model's last forward when that ran in eval mode (an
-        evaluation that restored ``model.train()`` before returning, then logged, as the README's loop does),
-        else judged by the model's mode now (a forgotten ``model.eval()``, an evaluation of a copy).
+        evaluation that restored ``model.train()`` before returning, then logged, as the README's loop does).
+        When the model's last forward was a training step's (the optimizer updated the model after it), the
+        block evaluated something else, an EMA or SWA copy, say, whose mode the Watch never saw: None, no
+        claim either way. Else judged by the model's mode now (a forgotten ``model.eval()``).
         """
-        return self.model.training and self._tracker.forward_training is not False
+        tracker = self._tracker
+        last = tracker.forward_training
+        if last is False:
+            return False
+        if last and tracker.training_forwards == tracker.forwards_at_update:
+            return None
+        return self.model.training
 
     @property
     def should_stop(self) -> bool:
