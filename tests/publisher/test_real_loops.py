@@ -361,6 +361,39 @@ def test_a_nan_loss_over_finite_logits_is_named_the_losss_not_the_models(run_roo
     assert "boundary=loss" in alert["message"]
 
 
+class LogOfLinear(nn.Module):
+    """A model whose own log() of a negative activation makes its output NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.b(torch.log(self.a(x)))
+        return out
+
+
+def test_a_nan_from_a_forward_called_past_the_hook_says_the_output_was_not_checked(run_root: Path):
+    # model.forward(x) in place of model(x) skips the Watch's forward hook, so the output is not checked. The
+    # model's NaN stopped the run with boundary=loss and the advice "finite outputs gave a non-finite loss".
+    torch.manual_seed(0)
+    model = LogOfLinear()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
+    with pytest.raises(NonFiniteError) as raised, watch:
+        for x, y in watch.batches([(torch.randn(16, 4), torch.randint(0, 2, (16,)))] * 3):
+            loss = nn.functional.cross_entropy(model.forward(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+    assert "boundary=loss (loss nan, grad norm nan; not checked before it: forward)" in str(raised.value)
+    (step,) = _steps(watch)
+    assert step["finite"] == {"batch": True, "forward": None, "loss": False, "grad": False, "param": None}
+    (alert,) = [a for a in _alerts(watch) if a["rule"] == "nonfinite"]
+    assert alert["evidence"]["unchecked"] == ["forward"]
+    assert "model.forward(x) in place of model(x)" in alert["next_check"]
+
+
 @dataclass
 class Pairs:
     """A batch class of one's own, as research code writes them: ``batch.x``, ``batch.y``."""

@@ -86,6 +86,29 @@ def test_nonfinite_advice_follows_the_boundary_and_numbers_are_short():
     assert "batch" not in alert["next_check"]
 
 
+def test_nonfinite_says_which_boundaries_before_the_failing_one_were_not_checked():
+    # A loop that calls model.forward(x) skips the Watch's hook: the output is not checked. A NaN from the model's
+    # own log() was named "the loss: finite outputs gave a non-finite loss", a claim about outputs never seen.
+    unseen_output = {**FINITE, "forward": None, "loss": False, "grad": False, "param": None}
+    (alert,) = Diagnosis(["nonfinite"]).run([step(0, loss=math.nan, grad_norm=math.nan, finite=unseen_output)])
+    assert (
+        alert["message"] == "first at step 0, boundary=loss (loss nan, grad norm nan); not checked before it: forward"
+    )
+    assert alert["evidence"]["unchecked"] == ["forward"]
+    assert alert["next_check"].startswith("the loss, or the model: the loss is non-finite and the model's output was")
+    assert "finite outputs" not in alert["next_check"]
+    # Its batch unseen (nanoGPT's get_batch under the three lines): the output's failure is not the model's alone.
+    unseen_batch = {**FINITE, "batch": None, "forward": False, "loss": False, "grad": False}
+    (alert,) = Diagnosis(["nonfinite"]).run([step(0, finite=unseen_batch)])
+    assert alert["evidence"]["unchecked"] == ["batch"]
+    assert alert["next_check"].startswith("the model, or the data:")
+    # Only the boundary right before the failing one decides the advice; the others are listed.
+    unseen_batch_only = {**FINITE, "batch": None, "loss": False, "grad": False}
+    (alert,) = Diagnosis(["nonfinite"]).run([step(0, finite=unseen_batch_only)])
+    assert alert["evidence"]["unchecked"] == ["batch"]
+    assert alert["next_check"].startswith("the loss: finite outputs gave a non-finite loss")
+
+
 def test_a_nonfinite_batch_the_model_handles_is_one_info_for_the_run_not_a_critical_episode():
     # Missing values encoded as NaN and imputed inside the forward: the batch is non-finite at nearly every step,
     # the output, loss and gradients are not. That was a critical alert, active for the whole healthy run.

@@ -30,17 +30,21 @@ def _scalar(value: Any) -> float:
     return float(resolve(value))  # a tensor is read with .item(): off the hot path, the run is stopping
 
 
-def first_failing_boundary(s: StepState) -> str:
-    """Walk the chain data → model → loss → gradients; off the hot path (it syncs)."""
+def first_failing_boundary(s: StepState) -> tuple[str, list[str]]:
+    """Walk the chain data → model → loss → gradients; off the hot path (it syncs). The first boundary that failed,
+    and those before it that were not checked (a batch the Watch did not see, a forward past its hook)."""
     checks: list[tuple[str, Any]] = [
         ("batch", s.batch.finite_probe if s.batch is not None else None),
         ("forward", s.forward_probe),
         ("loss", s.metrics.get("loss")),
     ]
+    unchecked = []
     for boundary, value in checks:
-        if value is not None and not math.isfinite(_scalar(value)):
-            return boundary
-    return "grad"
+        if value is None:
+            unchecked.append(boundary)
+        elif not math.isfinite(_scalar(value)):
+            return boundary, unchecked
+    return "grad", unchecked
 
 
 def _no_dump_reason(run_dir: Directory | None) -> str:
@@ -95,7 +99,7 @@ class Failures:
             for p in params:
                 p.grad = None
             return
-        boundary = first_failing_boundary(s)
+        boundary, unchecked = first_failing_boundary(s)
         step = s.step
         loss = s.metrics.get("loss")
         loss_text = "loss n/a" if loss is None else f"loss {_scalar(loss):.4g}"
@@ -107,7 +111,9 @@ class Failures:
         dump = self.dumps.written(step, "nonfinite")
         self.close("nonfinite")
         raise NonFiniteError(
-            f"nonfinite: first at step {step}, boundary={boundary} ({loss_text}, grad norm {norm}); "
+            f"nonfinite: first at step {step}, boundary={boundary} ({loss_text}, grad norm {norm}"
+            + (f"; not checked before it: {', '.join(unchecked)}" if unchecked else "")
+            + "); "
             f"the optimizer step was not taken; dump: {dump or _no_dump_reason(self.dumps.run_dir)}",
             step=step,
             boundary=boundary,

@@ -23,6 +23,19 @@ ADVICE = {
     "(Adam's eps, a stale momentum), weight decay",
 }
 
+# ... when the boundary before it was not checked: the advice above claims what was not seen.
+ADVICE_UNCHECKED = {
+    "forward": "the model, or the data: the output is non-finite and its batch was not seen (watch.batches() or "
+    "watch.step(batch) gives it); tuiwatch.first_nonfinite_module(model, batch) on a batch of the step names the layer",
+    "loss": "the loss, or the model: the loss is non-finite and the model's output was not checked (its forward ran "
+    "without the Watch's hook: model.forward(x) in place of model(x), or its parts called one by one); "
+    "tuiwatch.first_nonfinite_module(model, batch) on the dump says whether the output was finite",
+    "grad": "the gradients, or the loss: the gradients are non-finite and the loss was not checked "
+    "(watch.log(loss=loss) checks it); the lr, clipping, a GradScaler for fp16, custom backward functions",
+    "param": "the update, or the gradients: the weights became non-finite and the gradients were not checked; "
+    "the lr, the optimizer's state, weight decay",
+}
+
 
 class NonFinite(Rule):
     """The first NaN or inf, named by the first boundary of data → model → loss → gradients → parameters.
@@ -132,14 +145,20 @@ class NonFinite(Rule):
         message = (
             f"first at step {record.get('step')}, boundary={boundary} (loss {number(loss)}, grad norm {number(norm)})"
         )
+        before = FINITE_BOUNDARIES[: FINITE_BOUNDARIES.index(boundary)] if boundary in FINITE_BOUNDARIES else ()
+        unchecked = [b for b in before if finite.get(b) is None]
+        if unchecked:
+            evidence["unchecked"] = unchecked
+            message += f"; not checked before it: {', '.join(unchecked)}"
         if boundary == "batch" and self.handled_said and len(failed) > 1:
             # Non-finite batches are this run's usual, so the batch is not the only suspect: say so, name no other.
             evidence["batch_handled_at"] = self.handled_at
             message += (
                 f"; the model handled non-finite batches before (step {self.handled_at}): look at {failed[1]} too"
             )
+        advice = ADVICE_UNCHECKED if before and before[-1] in unchecked else ADVICE
         return alert_record(
-            self.id, "critical", record.get("step"), message, evidence, ADVICE.get(boundary, f"the {boundary} boundary")
+            self.id, "critical", record.get("step"), message, evidence, advice.get(boundary, f"the {boundary} boundary")
         )
 
     def _handled(self, record: Record) -> AlertRecord:
