@@ -8,7 +8,7 @@ import pytest
 
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.viewer.state import RunState
-from tuiwatch.viewer.views import eval_metric
+from tuiwatch.viewer.views import eval_metric, header_view
 
 LEDGERS = Path(__file__).parents[1] / "fixtures" / "ledgers"
 
@@ -114,3 +114,40 @@ def test_the_alert_pane_is_ordered_by_step_then_by_the_chain():
         ("loss-spike", 466),
         ("grad-explosion", 466),
     ]
+
+
+def test_the_header_names_an_active_critical_alert_over_a_newer_warning_and_a_cleared_one_last():
+    # pytorch/examples' DDP tutorial: grad-zero (critical) at step 4, then loss-frozen (a warning) at step 49. The
+    # header named the newest, the warning; the run had been broken since step 4.
+    def alert(rule: str, severity: str, step: int, rank: int | None = None) -> dict[str, object]:
+        return {
+            "kind": "alert",
+            "t": 1.0,
+            "rule": rule,
+            "severity": severity,
+            "step": step,
+            "message": "",
+            "rank": rank,
+        }
+
+    def named(*records: dict[str, object]) -> tuple[str, int | None] | None:
+        state = RunState()
+        state.apply_all([{"kind": "run", "t": 0.0, "name": "r"}, *records])
+        view = header_view(state, None, "replay")
+        return None if view.alert is None else (view.alert.rule, view.alert.step)
+
+    assert named(alert("grad-zero", "critical", 4), alert("loss-frozen", "warning", 49)) == ("grad-zero", 4)
+    # Cleared, it gives way to the active warning; with nothing active, the newest serious alert is named.
+    cleared = alert("grad-zero", "info", 7)
+    assert named(alert("grad-zero", "critical", 4), cleared, alert("loss-spike", "warning", 49)) == ("loss-spike", 49)
+    spike, spike_cleared = alert("loss-spike", "warning", 3), alert("loss-spike", "info", 5)
+    assert named(spike, alert("grad-zero", "critical", 4), cleared) == ("loss-spike", 3)  # still active
+    assert named(spike, alert("grad-zero", "critical", 4), spike_cleared, cleared) == ("grad-zero", 4)
+    # Per rank: rank 1's episode is active though rank 0's cleared.
+    assert named(
+        alert("grad-zero", "critical", 4, rank=0),
+        alert("grad-zero", "critical", 4, rank=1),
+        alert("grad-zero", "info", 7, rank=0),
+        alert("loss-spike", "warning", 49, rank=0),
+    ) == ("grad-zero", 4)
+    assert named() is None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -432,9 +432,29 @@ def header_view(state: RunState, now: float | None, mode: str, loading: int | No
         mode,
         state.end_reason,
         loading,
-        serious[0] if serious else None,
+        headline(state.alerts),
         len(serious),
     )
+
+
+def headline(alerts: Iterable[Alert]) -> Alert | None:
+    """The alert the header names: a critical one still active, else a warning still active, else the newest
+    warning or critical alert. Active: its rule's latest word on that rank (``alerts`` runs newest first) is not
+    an ``info`` (an episode's "cleared"). A run broken at step 4 whose loss then froze is named by the break, not
+    by the warning that followed it."""
+    latest: set[tuple[str, int | None]] = set()
+    active: dict[str, Alert] = {}
+    newest: Alert | None = None
+    for alert in alerts:
+        key = (alert.rule, alert.rank)
+        serious = alert.severity in ("warning", "critical")
+        if key not in latest:
+            latest.add(key)
+            if serious:
+                active.setdefault(alert.severity, alert)
+        if serious and newest is None:
+            newest = alert
+    return active.get("critical") or active.get("warning") or newest
 
 
 def train_metric(state: RunState) -> str | None:
