@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
-from overhead import CASES, Arm, iqr, loader_for
+from overhead import CASES, Arm, iqr, loader_for, print_added, rotating_rounds
 
 ARMS = ("bare", "hooked", "call_impl")
 
@@ -62,27 +61,13 @@ def main() -> None:
     loader = loader_for(case, 50)
     arms = {kind: Arm(case, "bare" if kind == "bare" else "watched", run_dir, model) for kind in ARMS}
     call_impl_instead_of_the_hook(arms["call_impl"])
-    for arm in arms.values():
-        arm.run(loader, args.steps // 5)  # warm-up
-    wall: dict[str, list[float]] = {k: [] for k in ARMS}
-    cpu: dict[str, list[float]] = {k: [] for k in ARMS}
-    order = list(ARMS)
-    for r in range(args.rounds):
-        for kind in order[r % len(order) :] + order[: r % len(order)]:
-            w, c = arms[kind].run(loader, args.steps)
-            wall[kind].append(w)
-            cpu[kind].append(c)
+    wall, cpu = rotating_rounds(arms, loader, args.rounds, args.steps)
     forwards = {kind: arms[kind].watch._tracker.training_forwards for kind in ARMS[1:]}  # type: ignore[union-attr]
     for arm in arms.values():
         if arm.watch is not None:
             arm.watch.close()
-    print(f"load average at end: {os.getloadavg()[0]:.2f}")
-    print(f"bare step: {statistics.median(wall['bare']) * 1e6:.0f} µs wall; forwards seen {forwards}")
-    print(f"{'arm':<10}{'added wall µs':>24}{'added training-thread CPU µs':>34}")
-    for kind in ARMS[1:]:
-        aw = iqr([(x - b) * 1e6 for x, b in zip(wall[kind], wall["bare"], strict=True)])
-        ac = iqr([(x - b) * 1e6 for x, b in zip(cpu[kind], cpu["bare"], strict=True)])
-        print(f"{kind:<10}{aw[0]:>10.1f} [{aw[1]:6.1f}, {aw[2]:6.1f}]{ac[0]:>20.1f} [{ac[1]:6.1f}, {ac[2]:6.1f}]")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}; forwards seen {forwards}")
+    print_added(wall, cpu)
     saved = iqr([(h - c) * 1e6 for h, c in zip(cpu["hooked"], cpu["call_impl"], strict=True)])
     print(f"hooked - call_impl, training-thread CPU: {saved[0]:.1f} µs [{saved[1]:.1f}, {saved[2]:.1f}]")
 

@@ -217,6 +217,35 @@ def iqr(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(d), d[len(d) // 4], d[(3 * len(d)) // 4]
 
 
+def rotating_rounds(
+    arms: dict[str, Arm], loader: DataLoader[Any], rounds: int, steps: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each arm's wall and training-thread CPU seconds a step, one of each a round, after a warm-up run; the arms'
+    order rotates round by round, so that none always runs first (or after the same one)."""
+    for arm in arms.values():
+        arm.run(loader, steps // 5)  # warm-up
+    wall: dict[str, list[float]] = {k: [] for k in arms}
+    cpu: dict[str, list[float]] = {k: [] for k in arms}
+    order = list(arms)
+    for r in range(rounds):
+        for kind in order[r % len(order) :] + order[: r % len(order)]:
+            w, c = arms[kind].run(loader, steps)
+            wall[kind].append(w)
+            cpu[kind].append(c)
+    return wall, cpu
+
+
+def print_added(wall: dict[str, list[float]], cpu: dict[str, list[float]], bare: str = "bare") -> None:
+    """Each arm's added wall and training-thread CPU a step over ``bare``: the median of the paired differences,
+    with the interquartile range."""
+    print(f"{bare} step: {statistics.median(wall[bare]) * 1e6:.0f} µs wall")
+    print(f"{'arm':<10}{'added wall µs':>24}{'added training-thread CPU µs':>34}")
+    for kind in (k for k in wall if k != bare):
+        aw = iqr([(x - b) * 1e6 for x, b in zip(wall[kind], wall[bare], strict=True)])
+        ac = iqr([(x - b) * 1e6 for x, b in zip(cpu[kind], cpu[bare], strict=True)])
+        print(f"{kind:<10}{aw[0]:>10.1f} [{aw[1]:6.1f}, {aw[2]:6.1f}]{ac[0]:>20.1f} [{ac[1]:6.1f}, {ac[2]:6.1f}]")
+
+
 def ab(case: Case, rounds: int, run_dir: Path) -> Paired:
     torch.manual_seed(0)
     model = case.make_model()

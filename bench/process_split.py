@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from overhead import CASES, Arm, iqr, loader_for
+from overhead import CASES, Arm, loader_for, print_added, rotating_rounds
+from torch.utils.data import DataLoader
 
 from tuiwatch.ledger.codec import encode
 
@@ -85,6 +86,20 @@ class Piped:
         self.child.wait(30)
 
 
+class PipedArm(Arm):
+    """The piped arm: also the child process's CPU seconds a step of each run, every record of it written."""
+
+    piped: Piped
+    child: list[float]
+
+    def run(self, loader: DataLoader[Any], steps: int) -> tuple[float, float]:
+        before = self.piped.cpu_s()
+        result = super().run(loader, steps)
+        self.piped.flush()
+        self.child = [*getattr(self, "child", []), (self.piped.cpu_s() - before) / steps]
+        return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=9)
@@ -97,39 +112,24 @@ def main() -> None:
     torch.manual_seed(0)
     model = case.make_model()
     loader = loader_for(case, 50)
-    arms = {kind: Arm(case, "bare" if kind == "bare" else "watched", run_dir, model) for kind in ARMS}
     piped = Piped(run_dir / "piped.jsonl")
-    for kind, arm in arms.items():
+    arms: dict[str, Arm] = {}
+    for kind in ARMS:
+        make = PipedArm if kind == "piped" else Arm
+        arms[kind] = make(case, "bare" if kind == "bare" else "watched", run_dir, model)
         if kind == "dropped":
-            arm.watch._pipeline.put = lambda item: None  # type: ignore[union-attr,method-assign]
+            arms[kind].watch._pipeline.put = lambda item: None  # type: ignore[union-attr,method-assign]
         elif kind == "piped":
-            arm.watch._pipeline.put = piped.put  # type: ignore[union-attr,method-assign]
-    for arm in arms.values():
-        arm.run(loader, args.steps // 5)  # warm-up
-    wall: dict[str, list[float]] = {k: [] for k in ARMS}
-    cpu: dict[str, list[float]] = {k: [] for k in ARMS}
-    child: list[float] = []
-    order = list(ARMS)
-    for r in range(args.rounds):
-        for kind in order[r % len(order) :] + order[: r % len(order)]:
-            before = piped.cpu_s()
-            w, c = arms[kind].run(loader, args.steps)
-            if kind == "piped":
-                piped.flush()
-                child.append((piped.cpu_s() - before) / args.steps)
-            wall[kind].append(w)
-            cpu[kind].append(c)
+            arms[kind].watch._pipeline.put = piped.put  # type: ignore[union-attr,method-assign]
+            arms[kind].piped = piped  # type: ignore[attr-defined]
+    wall, cpu = rotating_rounds(arms, loader, args.rounds, args.steps)
+    child = arms["piped"].child[1:]  # type: ignore[attr-defined]  # the warm-up run left out
     for arm in arms.values():
         if arm.watch is not None:
             arm.watch.close()
     piped.close()
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
-    print(f"bare step: {statistics.median(wall['bare']) * 1e6:.0f} µs wall")
-    print(f"{'arm':<9}{'added wall µs':>24}{'added training-thread CPU µs':>34}")
-    for kind in ARMS[1:]:
-        aw = iqr([(x - b) * 1e6 for x, b in zip(wall[kind], wall["bare"], strict=True)])
-        ac = iqr([(x - b) * 1e6 for x, b in zip(cpu[kind], cpu["bare"], strict=True)])
-        print(f"{kind:<9}{aw[0]:>10.1f} [{aw[1]:6.1f}, {aw[2]:6.1f}]{ac[0]:>20.1f} [{ac[1]:6.1f}, {ac[2]:6.1f}]")
+    print_added(wall, cpu)
     background = arms["watched"].background[1:]  # the warm-up run left out
     print(f"watched: publisher thread {statistics.median(background) * 1e6:.1f} µs of CPU a step")
     print(
