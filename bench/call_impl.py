@@ -18,14 +18,10 @@ without a word, where the hook is traced; and ``model.compile()`` replaces the f
 
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
-import torch
-from overhead import CASES, Arm, iqr, loader_for, print_added, rotating_rounds
+from overhead import Arm, iqr, print_added, rotating_rounds, tiny_bench
 
 ARMS = ("bare", "hooked", "call_impl")
 
@@ -48,20 +44,10 @@ def call_impl_instead_of_the_hook(arm: Arm) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--steps", type=int, default=3000)
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    case = CASES[0]
-    print(f"load average at start: {os.getloadavg()[0]:.2f}; {case.name}, {args.rounds} rounds of {args.steps} steps")
-    run_dir = Path(tempfile.mkdtemp())
-    torch.manual_seed(0)
-    model = case.make_model()
-    loader = loader_for(case, 50)
-    arms = {kind: Arm(case, "bare" if kind == "bare" else "watched", run_dir, model) for kind in ARMS}
+    b = tiny_bench(__doc__ or "", rounds=15)
+    arms = {kind: Arm(b.case, "bare" if kind == "bare" else "watched", b.run_dir, b.model) for kind in ARMS}
     call_impl_instead_of_the_hook(arms["call_impl"])
-    wall, cpu = rotating_rounds(arms, loader, args.rounds, args.steps)
+    wall, cpu = rotating_rounds(arms, b.loader, b.rounds, b.steps)
     forwards = {kind: arms[kind].watch._tracker.training_forwards for kind in ARMS[1:]}  # type: ignore[union-attr]
     for arm in arms.values():
         if arm.watch is not None:

@@ -217,6 +217,32 @@ def iqr(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(d), d[len(d) // 4], d[(3 * len(d)) // 4]
 
 
+@dataclass
+class TinyBench:
+    """A side-by-side benchmark on the tiny MLP: its arguments, the case, a run directory, the model every arm
+    copies, and the batches they all train on."""
+
+    rounds: int
+    steps: int
+    case: Case
+    run_dir: Path
+    model: nn.Module
+    loader: DataLoader[Any]
+
+
+def tiny_bench(doc: str, rounds: int) -> TinyBench:
+    """Parse ``--rounds`` and ``--steps``, set one torch thread, say the load average, and build the tiny MLP."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--steps", type=int, default=3000)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    case = CASES[0]
+    print(f"load average at start: {os.getloadavg()[0]:.2f}; {case.name}, {args.rounds} rounds of {args.steps} steps")
+    torch.manual_seed(0)
+    return TinyBench(args.rounds, args.steps, case, Path(tempfile.mkdtemp()), case.make_model(), loader_for(case, 50))
+
+
 def rotating_rounds(
     arms: dict[str, Arm], loader: DataLoader[Any], rounds: int, steps: int
 ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:

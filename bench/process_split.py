@@ -21,18 +21,15 @@ which stay in the training process in any such design, are not.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from overhead import CASES, Arm, loader_for, print_added, rotating_rounds
+from overhead import Arm, print_added, rotating_rounds, tiny_bench
 from torch.utils.data import DataLoader
 
 from tuiwatch.ledger.codec import encode
@@ -101,17 +98,8 @@ class PipedArm(Arm):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--steps", type=int, default=3000)
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    case = CASES[0]
-    print(f"load average at start: {os.getloadavg()[0]:.2f}; {case.name}, {args.rounds} rounds of {args.steps} steps")
-    run_dir = Path(tempfile.mkdtemp())
-    torch.manual_seed(0)
-    model = case.make_model()
-    loader = loader_for(case, 50)
+    b = tiny_bench(__doc__ or "", rounds=9)
+    case, run_dir, model = b.case, b.run_dir, b.model
     piped = Piped(run_dir / "piped.jsonl")
     arms: dict[str, Arm] = {}
     for kind in ARMS:
@@ -122,7 +110,7 @@ def main() -> None:
         elif kind == "piped":
             arms[kind].watch._pipeline.put = piped.put  # type: ignore[union-attr,method-assign]
             arms[kind].piped = piped  # type: ignore[attr-defined]
-    wall, cpu = rotating_rounds(arms, loader, args.rounds, args.steps)
+    wall, cpu = rotating_rounds(arms, b.loader, b.rounds, b.steps)
     child = arms["piped"].child[1:]  # type: ignore[attr-defined]  # the warm-up run left out
     for arm in arms.values():
         if arm.watch is not None:
