@@ -325,6 +325,50 @@ def test_a_gan_records_the_first_optimizers_loss_without_the_others(socket_dir: 
     assert [s["loss"] for s in steps] == pytest.approx([err_d for err_d, _ in truth], rel=1e-6)
 
 
+ENCODER_DECODER = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+encoder, decoder = nn.GRU(4, 8, batch_first=True), nn.Linear(8, 3)  # two modules that no module holds
+enc_opt, dec_opt = torch.optim.Adam(encoder.parameters()), torch.optim.Adam(decoder.parameters())
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 5, 4), torch.randint(0, 3, (32,))),
+                                     batch_size=8)
+for x, y in loader:
+    enc_opt.zero_grad()
+    dec_opt.zero_grad()
+    out, _ = encoder(x)
+    nn.functional.cross_entropy(decoder(out[:, -1]), y).backward()
+    enc_opt.step()
+    dec_opt.step()
+"""
+
+
+def test_a_second_optimizer_whose_part_the_same_backward_filled_is_named_as_not_watched(
+    socket_dir: Path, tmp_path: Path
+):
+    # PyTorch's seq2seq translation tutorial: an EncoderRNN and an AttnDecoderRNN, each with its own Adam, one loss.
+    # The encoder was watched and the decoder, three quarters of the parameters, left out without a word.
+    script = tmp_path / "script.py"
+    script.write_text(ENCODER_DECODER)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script)], socket_dir)
+    assert done.returncode == 0, done.stderr
+    line = (
+        "tuiwatch run: the same backward filled the gradients of 27 parameters outside GRU that another optimizer "
+        "(Adam) steps: they are not watched"
+    )
+    assert line in done.stderr
+    run_record = records(ledger_file(tmp_path / "runs"), "run")[0]
+    assert run_record["model"] == "GRU"
+    assert any("27 parameters outside GRU" in item for item in run_record["integration"]["not_seen"])
+    # A GAN's generator gets its gradients from a backward of its own, after the first step: nothing to say.
+    gan = tmp_path / "gan.py"
+    gan.write_text(DCGAN_SHAPED)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "gan-runs"), str(gan), str(tmp_path / "t.json")], socket_dir)
+    assert done.returncode == 0, done.stderr
+    assert "not watched" not in done.stderr
+
+
 MUON_SHAPED = """
 import json, math, sys
 import torch

@@ -181,6 +181,29 @@ def steps_beside(model: torch.nn.Module, others: list[Any]) -> list[Any]:
     return [o for _, o in sorted(found, key=lambda item: item[0])]
 
 
+def same_backward_elsewhere(model: torch.nn.Module, others: list[Any], beside: list[Any]) -> str | None:
+    """A line naming the optimizers whose parameters the first step's backward filled too, outside ``model`` (the
+    translation tutorial's decoder beside its encoder, two modules no module holds): one model trained by one
+    loss, of which the Watch sees a part. None when there are none.
+
+    Called in the first optimizer step, when the gradients are there: a GAN's generator's come later.
+    """
+    inside = {id(p) for p in model.parameters()}
+    filled = [
+        o for o in others if o not in beside and any(p.grad is not None and id(p) not in inside for p in _params(o))
+    ]
+    if not filled:
+        return None
+    count = sum(p.numel() for o in filled for p in _params(o) if id(p) not in inside)
+    names = ", ".join(type(o).__name__ for o in filled)
+    return (
+        f"the same backward filled the gradients of {count:,} parameters outside {type(model).__name__} that "
+        f"another optimizer ({names}) steps: they are not watched (their gradient and update norms, lr and "
+        "checkpoint); a module that holds both parts and calls them in its forward, given to the Watch with both "
+        "optimizers (the three lines), watches the whole model"
+    )
+
+
 def _another_holds_a_module(optimizer: torch.optim.Optimizer, objects: list[Any]) -> bool:
     """Whether an optimizer other than ``optimizer`` holds parameters of a module."""
     stepped = _stepped_by_others(optimizer, objects)
@@ -354,6 +377,7 @@ class ScriptWatch:
         others = other_optimizers(optimizer, objects)
         model = model_of_one_backward(optimizer, others, objects) or model
         beside = [] if isinstance(model, BareTensors) else steps_beside(model, others)
+        left_out = same_backward_elsewhere(model, others, beside)
         optimizers = [optimizer, *beside]
         found = [_built_on(o, objects) for o in optimizers]
         schedulers = [scheduler for scheduler, _ in found if scheduler is not None]
@@ -364,7 +388,7 @@ class ScriptWatch:
             "model": f"{type(model).__name__}: the outermost module holding the optimizer's parameters",
             "loss": "the sum of the scalars backward() was called on between two optimizer steps, less those another "
             "optimizer stepped on (with step(closure): those of the closure's first call)",
-            "not_seen": NOT_SEEN,
+            "not_seen": NOT_SEEN + ([left_out] if left_out else []),
         }
         # Made inside this step's pre-hooks: torch runs the optimizer's own pre-hooks after the global ones, so
         # the Watch's (registered now) already measure this step.
@@ -385,6 +409,8 @@ class ScriptWatch:
             print(f"tuiwatch run: cannot watch this run ({exc}); it runs unwatched", file=sys.stderr)
             return
         self._beside = {id(o) for o in beside}
+        if left_out:
+            print(f"tuiwatch run: {left_out}", file=sys.stderr)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         watch = self.watch
