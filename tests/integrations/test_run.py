@@ -369,6 +369,66 @@ def test_a_second_optimizer_whose_part_the_same_backward_filled_is_named_as_not_
     assert "not watched" not in done.stderr
 
 
+ONE_MODEL_AFTER_ANOTHER = """
+import sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+x, y = torch.randn(256, 6), torch.randint(0, 3, (256,))
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+first, second = nn.Linear(6, 3), nn.Linear(6, 3)
+
+def train(model, epochs):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(epochs):
+        for xb, yb in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+
+if sys.argv[1] == "teacher then student":  # the knowledge distillation tutorial's order
+    train(first, 1)
+    train(second, 3)
+else:  # Spinning Up's VPG: one policy step, then 80 value-function steps, every epoch
+    pi_opt, v_opt = torch.optim.Adam(first.parameters()), torch.optim.Adam(second.parameters())
+    for epoch in range(4):
+        pi_opt.zero_grad()
+        nn.functional.cross_entropy(first(x), y).backward()
+        pi_opt.step()
+        for _ in range(80):
+            v_opt.zero_grad()
+            nn.functional.cross_entropy(second(x), y).backward()
+            v_opt.step()
+"""
+
+
+@pytest.mark.parametrize("order", ["teacher then student", "taking turns"])
+def test_another_model_trained_after_the_watched_one_is_named_as_not_watched(
+    socket_dir: Path, tmp_path: Path, order: str
+):
+    # The knowledge distillation tutorial trains its teacher, then its student with another optimizer: the teacher
+    # was watched (32 steps) and the student's 96 steps were left out without a word, the viewer stalled at step 31.
+    script = tmp_path / "script.py"
+    script.write_text(ONE_MODEL_AFTER_ANOTHER)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), order], socket_dir)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "since the watched one" in line]
+    if order == "teacher then student":
+        assert said == [
+            "tuiwatch run: another optimizer (SGD) has stepped 50 times since the watched one (SGD over Linear) last "
+            "did, at step 31: its model is not watched. A script that trains one model after another (a teacher, "
+            "then its student) is watched for the first; the three lines in the second's loop watch that one"
+        ]
+    else:
+        assert said == []  # 80 steps of the other between two of the watched one's, from the start: taking turns
+    steps = records(ledger_file(tmp_path / "runs"), "step")
+    assert len(steps) == (32 if order == "teacher then student" else 4)
+    # The student's batches opened no step of the teacher's: each was undone when the student's optimizer stepped
+    # (before, they all folded into step 32, whose ids grew by one batch a step).
+    assert all(s.get("micro_batches") is None for s in steps)
+
+
 MUON_SHAPED = """
 import json, math, sys
 import torch

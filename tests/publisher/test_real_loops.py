@@ -19,6 +19,7 @@ import pytest
 import torch
 from torch import nn
 
+import tuiwatch.publisher.steps as steps_module
 from tuiwatch.analysis.report import as_text, summarize
 from tuiwatch.errors import NonFiniteError
 from tuiwatch.ledger.records import Record
@@ -243,6 +244,36 @@ def test_accumulation_counted_per_optimizer_step_folds_the_micro_batches(run_roo
     assert all(len(r["batch_ids"]) == accum * 2 for r in steps)
     assert all(r["examples_per_s"] is not None and r["data_wait_s"] > 0 for r in steps)
     assert all(r["batch_shape"] == [[2, 3], [2]] for r in steps)  # each micro-batch's shape
+
+
+def test_a_step_that_folds_without_end_keeps_its_ids_bounded_and_each_kept_batch_its_own(
+    run_root: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A Fisher-information pass backpropagates every batch of a dataset and never steps: counted per optimizer
+    # step, the batches fold into one step. Its ids were a new list at every fold (quadratic: 10k batches of 64
+    # ids copied 3.2e9 ids); they are now extended in place, up to MAX_STEP_IDS, after which the step has none.
+    monkeypatch.setattr(steps_module, "MAX_STEP_IDS", 10)
+    model = nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, step_per="optimizer") as watch:
+        for i in range(3):
+            x = torch.randn(2, 3)
+            watch.step(batch=(x,), ids=[2 * i, 2 * i + 1])
+            model(x).sum().backward()
+        tracker = watch._tracker
+        s = tracker.cur
+        assert s is not None
+        assert s.batch_ids == [0, 1, 2, 3, 4, 5]
+        # Each batch kept for a dump has its own ids still, the first one's list not grown by the folds.
+        assert [k.ids for k in tracker.recent._kept] == [[0, 1], [2, 3], [4, 5]]
+        for i in range(3, 6):
+            watch.step(batch=(torch.randn(2, 3),), ids=[2 * i, 2 * i + 1])
+        assert s.batch_ids is None  # 12 ids > 10
+        assert s.micro_batches == 6
+        optimizer.step()
+    (step,) = _steps(watch)
+    assert step["batch_ids"] is None
+    assert step["micro_batches"] == 6
 
 
 def test_accumulation_by_step_calls_folds_too(run_root: Path):

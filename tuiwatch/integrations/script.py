@@ -68,6 +68,13 @@ from tuiwatch.publisher.optimizers import inner_optimizer
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch
 
+# Steps of another optimizer in a row, the watched one not stepping, after which the script is taken to train
+# another model (a teacher, then its student): at least this many, and three times the longest such run seen
+# between two of the watched one's steps. Optimizers that take turns do so every step or every few (a GAN's,
+# WGAN's critic 5 or 100 times a generator step), or many times in a row from the start (Spinning Up's VPG: its
+# value function's 80 steps after each policy step): judged only once the watched one has stepped twice.
+OTHERS_ALONE = 50
+
 NOT_SEEN = [
     "validation metrics (eval records): the script computes them itself",
     "batches that do not come from a torch DataLoader: no data wait, shapes or ids (the forward time and output "
@@ -292,6 +299,9 @@ class ScriptWatch:
         self._forward_hook: Any = None
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
         self._passed: set[int] = set()  # optimizers over bare tensors left for one over a module's parameters
+        self._others_since = 0  # steps of other optimizers (not beside it) since the watched one last stepped
+        self._longest_between = 0  # ... the most of them between two of its steps
+        self._said_others = False
         # Optimizers stepping the same model beside the first (Muon beside AdamW), by id: the step ends after them.
         self._beside: set[int] = set()
         self._ending: StepState | None = None  # the step the first optimizer stepped in, until the others have
@@ -421,11 +431,17 @@ class ScriptWatch:
         if optimizer is not self.optimizer:
             # Another optimizer (a GAN's generator's) stepped on what was backpropagated since ours did: not our loss.
             self.loss.take()
-            if id(optimizer) in self._beside and self._ending is not None and watch._tracker.cur is self._ending:
-                self._ending_left -= 1
-                if not self._ending_left:
-                    self._end_pending(watch)  # the last optimizer of the step has stepped
+            if id(optimizer) in self._beside:
+                if self._ending is not None and watch._tracker.cur is self._ending:
+                    self._ending_left -= 1
+                    if not self._ending_left:
+                        self._end_pending(watch)  # the last optimizer of the step has stepped
+            else:
+                self._another_steps_alone(watch, optimizer)
             return
+        if self._steps_ended:
+            self._longest_between = max(self._longest_between, self._others_since)
+        self._others_since = 0
         loss = self.loss.take()
         if loss is not None:
             watch.log(loss=loss)
@@ -443,6 +459,32 @@ class ScriptWatch:
             self._ending, self._ending_left = watch._tracker.cur, len(self._beside)
             return
         watch.end_step()  # raises StopRequested when a viewer asked the run to stop
+
+    def _another_steps_alone(self, watch: Watch, optimizer: torch.optim.Optimizer) -> None:
+        """Another optimizer stepped and the watched one has not since: once that has happened many times in a row
+        (``OTHERS_ALONE``, above), the script trains another model now (a teacher, then its student), and one line
+        says it is not watched."""
+        opened = self._opened
+        if opened is not None:
+            # The batch that opened the step, the watched model not trained on it, was this optimizer's (a
+            # student's, drawn from the loader the teacher trained on): no step, as an evaluation's is not. Left
+            # open, every later batch folded into it, its ids one list without end.
+            self._undo_if_unused(watch, opened, peeked=True)
+            if watch._tracker.cur is not None:
+                self._opened = opened  # the watched model trains in it too (accumulating): still its step
+        self._others_since += 1
+        alone = max(OTHERS_ALONE, 3 * self._longest_between)
+        if self._others_since != alone or self._steps_ended < 2 or self._said_others:
+            return
+        self._said_others = True
+        last = watch._tracker.last_step_number()
+        print(
+            f"tuiwatch run: another optimizer ({type(optimizer).__name__}) has stepped {alone} times since the "
+            f"watched one ({type(self.optimizer).__name__} over {type(watch.model).__name__}) last did, at step "
+            f"{last}: its model is not watched. A script that trains one model after another (a teacher, then its "
+            "student) is watched for the first; the three lines in the second's loop watch that one",
+            file=sys.stderr,
+        )
 
     def _end_pending(self, watch: Watch) -> None:
         """End the step the first optimizer stepped in, unless a boundary has ended it since."""

@@ -22,6 +22,10 @@ from tuiwatch.publisher.dumps import DUMP_LAG, KeptBatch, RecentBatches
 from tuiwatch.publisher.measure import BatchInfo
 from tuiwatch.publisher.pending import DeviceMemory, EvalState, StepState
 
+# The most sample ids one step records. A step that folds this many (batches drawn with no optimizer step to end
+# it: a Fisher-information pass that backpropagates every batch of a dataset and never steps) records none.
+MAX_STEP_IDS = 65_536
+
 
 class StepTracker:
     def __init__(
@@ -107,7 +111,13 @@ class StepTracker:
         if wait is not None:
             s.data_wait_s = (s.data_wait_s or 0.0) + wait
             s.not_compute += wait  # inside the step's span: not compute
-        s.batch_ids = s.batch_ids + ids if s.batch_ids is not None and ids is not None else None
+        held = s.batch_ids
+        if held is None or ids is None or len(held) + len(ids) > MAX_STEP_IDS:
+            s.batch_ids = None  # some micro-batch's ids unknown, or a step no optimizer closes (below)
+        elif s.micro_batches == 2:
+            s.batch_ids = [*held, *ids]  # a list of the step's own: the first is its batch's, which a dump keeps
+        else:
+            held.extend(ids)  # (a new list at every fold was quadratic in the micro-batches)
         if s.measured:
             info = BatchInfo(batch)
             if s.batch is None:
