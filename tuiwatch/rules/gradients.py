@@ -94,17 +94,14 @@ class GradZero(Rule):
         self.learned: bool | None = None
 
     def check(self, record: Record) -> AlertRecord | None:
-        norm, loss = record.get("grad_norm"), record.get("loss")
-        learned = self.learned
-        if learned is None:
-            learned = self.learned = record.get("step") != 0
-        if not learned and ((loss is not None and loss != 0) or (norm is not None and norm != 0)):
-            learned = self.learned = True
+        if self.learned is not True:  # (every step record: once the run has learned, one test)
+            self._learns(record)
         if record.get("opt_step") is None:
             return None
+        norm = record.get("grad_norm")
         never = False
-        if norm == 0 and loss == 0:
-            if learned:
+        if norm == 0 and record.get("loss") == 0:
+            if self.learned:
                 # Nothing to learn from, not a broken graph: a loss at its floor has no gradient (a solved CartPole
                 # under A2C, its returns predicted exactly; a classifier whose margins underflow its loss to 0.0).
                 return None
@@ -119,7 +116,7 @@ class GradZero(Rule):
                 record.get("step"),
                 f"gradients are all zero for {self.run} optimizer steps, and the loss has been 0 at every step "
                 "since the first",
-                {"grad_norm": norm, "steps": self.run, "loss": loss},
+                {"grad_norm": norm, "steps": self.run, "loss": record.get("loss")},
                 "a loss that does not depend on the model: cross_entropy over one output column is 0 whatever the "
                 "input (one regression output needs mse_loss); a loss multiplied by 0",
             )
@@ -131,6 +128,14 @@ class GradZero(Rule):
             {"grad_norm": norm, "steps": self.run},
             "a detached graph, no_grad, frozen params, or a loss that does not depend on the model",
         )
+
+    def _learns(self, record: Record) -> None:
+        """Whether the run has had something to learn from, as of ``record`` (see ``learned``)."""
+        if self.learned is None:
+            self.learned = record.get("step") != 0
+        norm, loss = record.get("grad_norm"), record.get("loss")
+        if (loss is not None and loss != 0) or (norm is not None and norm != 0):
+            self.learned = True
 
     def clears(self, record: Record) -> bool:
         norm = record.get("grad_norm")
