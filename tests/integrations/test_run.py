@@ -424,8 +424,9 @@ def test_another_model_trained_after_the_watched_one_is_named_as_not_watched(
         assert said == []  # 80 steps of the other between two of the watched one's, from the start: taking turns
     steps = records(ledger_file(tmp_path / "runs"), "step")
     assert len(steps) == (32 if order == "teacher then student" else 4)
-    # The student's batches opened no step of the teacher's: each was undone when the student's optimizer stepped
-    # (before, they all folded into step 32, whose ids grew by one batch a step).
+    # The student's batches open no step of the teacher's: each is undone when the student's optimizer steps on it,
+    # so the last step opened is the teacher's 31, as the line says (before, they all folded into one open step 32,
+    # its ids one batch longer at every student step, left out of the ledger at the end).
     assert all(s.get("micro_batches") is None for s in steps)
 
 
