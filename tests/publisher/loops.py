@@ -8,9 +8,14 @@ from torch import nn
 from tuiwatch.publisher.watch import Watch
 
 
-def train_step(watch: Watch, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """One step of a 4-input, 2-class model on a random batch of 8."""
-    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+def train_step(
+    watch: Watch,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """One step of a 4-input, 2-class model on a random batch of 8, or of any classifier on ``batch``."""
+    x, y = batch if batch is not None else (torch.randn(8, 4), torch.randint(0, 2, (8,)))
     watch.step(x)
     loss = nn.functional.cross_entropy(model(x), y)
     watch.log(loss=loss)

@@ -697,12 +697,7 @@ def test_a_validation_of_an_averaged_copy_makes_no_claim_about_the_mode(run_root
     x, y = torch.randn(16, 3), torch.randint(0, 2, (16,))
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
         for step in range(6):
-            watch.step()
-            loss = nn.functional.cross_entropy(model(x), y)
-            watch.log(loss=loss)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            train_step(watch, model, optimizer, (x, y))
             averaged.update_parameters(model)
             if step % 2 == 1:
                 with watch.validation():

@@ -145,7 +145,7 @@ class NonFinite(Rule):
         message = (
             f"first at step {record.get('step')}, boundary={boundary} (loss {number(loss)}, grad norm {number(norm)})"
         )
-        before = FINITE_BOUNDARIES[: FINITE_BOUNDARIES.index(boundary)] if boundary in FINITE_BOUNDARIES else ()
+        before = FINITE_BOUNDARIES[: FINITE_BOUNDARIES.index(boundary)]
         unchecked = [b for b in before if finite.get(b) is None]
         if unchecked:
             evidence["unchecked"] = unchecked
