@@ -497,9 +497,11 @@ class ScriptWatch:
         model's first training forward after a step's end opens the next, so that what the loop does in between
         (nanoGPT evaluates and saves at the top of its loop) is no step's compute time."""
         # ForwardHook: held weakly, and left out of copies of the model as the Watch's own hook is (pickling.py).
-        handle = watch.model.register_forward_pre_hook(ForwardHook(self._before_forward), with_kwargs=True)
-        self._forward_hook = handle
-        self._undo.append(handle.remove)
+        # On the modules whose forwards the Watch sees: the model, or the parts a loop calls instead (parts.py).
+        for module in watch._hooks.forward_modules():
+            handle = module.register_forward_pre_hook(ForwardHook(self._before_forward), with_kwargs=True)
+            self._forward_hook = handle
+            self._undo.append(handle.remove)
 
     def _before_forward(self, module: Any, args: Any, kwargs: Any) -> None:
         if self._step_opened or not module.training or not torch.is_grad_enabled():

@@ -21,18 +21,25 @@ from typing import Any
 
 import torch
 
+# Whether a hook of tuiwatch was left out of a graph that must stay whole in this process: the forwards of a model
+# compiled so run out of the Watch's sight, and parts.py does not take such a model for one whose loop calls parts.
+left_out = False
+
 
 @torch.compiler.assume_constant_result  # type: ignore[untyped-decorator]  # (torch does not type it)
 def graph_must_stay_whole() -> bool:
     """Whether the code dynamo is tracing now may not break its graph. Called by dynamo while it traces, once:
     it reads the tracer's own flags, private to torch, so any other torch answers "may break", as before."""
+    global left_out
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
 
         tracer = InstructionTranslator.current_tx()
-        return bool(tracer.one_graph or tracer.error_on_graph_break)
+        whole = bool(tracer.one_graph or tracer.error_on_graph_break)
     except Exception:
         return False
+    left_out = left_out or whole
+    return whole
 
 
 def uncompiled(hook: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,7 +16,10 @@
   optimizer the Watch was not given);
 - forward hook on the root module: the output's finiteness probe, the class
   count, the model's mode during a validation block, and an OOM raised
-  inside the forward;
+  inside the forward; on its parts instead where the loop does not call the
+  model itself (parts.py): a model without a forward (Lightning's README
+  module, CleanRL's ``Agent``) from the start, any other whose forward ran
+  in none of its first two optimizer steps from the second;
 - without an optimizer (a loop that updates the weights by hand), the step
   boundaries stand in for the optimizer hooks: a step that ends with
   gradients counts as an update, and the gradient, parameter and update
@@ -35,7 +38,7 @@ from typing import Any
 
 import torch
 
-from tuiwatch.publisher import pickling, process, room, scripting
+from tuiwatch.publisher import compiling, pickling, process, room, scripting
 from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.compiling import graph_must_stay_whole, uncompiled
@@ -50,6 +53,7 @@ from tuiwatch.publisher.measure import (
     total_norm,
 )
 from tuiwatch.publisher.optimizers import inner_optimizer
+from tuiwatch.publisher.parts import has_forward, model_parts
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.steps import StepTracker
 
@@ -71,6 +75,9 @@ def default_param_norm_every(param_count: int) -> int:
 
 
 KEEP_SNAPSHOT_ELEMENTS = 4_000_000  # 16 MB of float32: below it the update norm's buffers are kept
+# A model watched by its parts: the outputs of at most this many of their calls a step are checked (an RNN cell
+# called once a time step would add two small kernels a call); a step with more leaves its output unchecked.
+PART_PROBES = 64
 
 
 class ForwardHook:
@@ -200,8 +207,13 @@ class ModelHooks:
         self._param_cache: tuple[int, list[torch.Tensor]] = (-1, [])
         self._kept_snapshot: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (moving, buffers)
         self._classes_decided = False
-        self._classes_waited = False  # one measured step's forward went by without its batch
+        self._classes_waited: int | None = None  # a measured step whose forward went by without its batch
+        self._classes_step = -1  # the step that decided: a model watched by its parts decides at each of its calls
         self._handles: list[Any] = []
+        self._root_hook: Any = None
+        # A model watched by its parts (parts.py): id -> part, and the classes whose copies leave their hooks out.
+        self.parts: dict[int, torch.nn.Module] | None = None
+        self._part_types: list[type] = []
 
     def attach(self) -> None:
         if self._several:
@@ -220,19 +232,49 @@ class ModelHooks:
         else:
             self._watch_outside()
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
-        self._handles.append(self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True))
+        self._root_hook = self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True)
+        self._handles.append(self._root_hook)
         pickling.hide_hooks(type(self.model), is_forward_hook)
         scripting.leave_out_of_scripts(is_forward_hook)
         watch_clipping(self)
+        if not has_forward(self.model):
+            self._watch_parts()
 
     def remove(self) -> None:
         unwatch_clipping(self)
         if self._handles:
             pickling.show_hooks(type(self.model))
+        for cls in self._part_types:
+            pickling.show_hooks(cls)
+        self._part_types.clear()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         self.tracker.on_open = self.tracker.on_end = None
+
+    def forward_modules(self) -> list[torch.nn.Module]:
+        """The modules whose forwards the Watch sees: the model, or its parts (parts.py)."""
+        return [self.model] if self.parts is None else list(self.parts.values())
+
+    def _watch_parts(self) -> None:
+        """Watch the model's parts in place of the model (parts.py): the root's hook comes off, each part gets one."""
+        parts = model_parts(self.model)
+        if not parts or self.parts is not None:
+            return
+        self._root_hook.remove()
+        self.parts = {id(p): p for p in parts}
+        for part in parts:
+            self._handles.append(part.register_forward_hook(ForwardHook(self.after_part_forward), always_call=True))
+            pickling.hide_hooks(type(part), is_forward_hook)
+            self._part_types.append(type(part))
+
+    def _forward_seen(self) -> None:
+        """Before the second optimizer step: a model none of whose forwards ran since the Watch began (the loop
+        calls its parts, or ``model.forward(x)``) is watched by its parts from now on. Not where a hook was left out
+        of a graph that must stay whole (compiling.py): such a model's forwards run out of the hook's sight, and
+        hooks put on its parts would only make it compile again."""
+        if self.tracker.forward_training is None and self.parts is None and not compiling.left_out:
+            self._watch_parts()
 
     def params(self) -> list[torch.Tensor]:
         """The model's parameters: what the gradient, parameter and update norms measure.
@@ -319,12 +361,13 @@ class ModelHooks:
         kept = self.tracker.last_batch
         if kept is not None and kept.step == s.step:
             batch = kept.batch
-        elif self._classes_waited:
+        elif self._classes_waited is not None and self._classes_waited != s.step:
             batch = NO_BATCH
         else:
-            self._classes_waited = True
+            self._classes_waited = s.step
             return
         self._classes_decided = True
+        self._classes_step = s.step
         s.classes = class_count(output, batch)
 
     def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
@@ -335,6 +378,8 @@ class ModelHooks:
         s.opt_start = time.perf_counter()
         if s.device_start is not None:
             s.opt_start_mark = device_mark()
+        if tracker.opt_steps == 1:
+            self._forward_seen()
         params = self.params()
         closure = None if self.late_gradients else step_closure(args, kwargs)
         if not self.late_gradients and closure is None:
@@ -491,6 +536,8 @@ class ModelHooks:
         if not grads:
             return  # no backward in this step (or the loop zeroed the gradients to None before the boundary)
         tracker = self.tracker
+        if tracker.opt_steps == 1:
+            self._forward_seen()
         tracker.updated(s)
         if not s.measured:
             return
@@ -504,22 +551,7 @@ class ModelHooks:
     def after_forward(self, module: Any, args: Any, output: Any) -> None:
         if module is not self.model:
             return  # a shallow copy of the model shares its hook table: its forwards are not this run's
-        if output is None:
-            failure = sys.exc_info()[1]  # always_call: the forward is raising
-            if failure is not None and process.is_oom(failure):
-                self.failures.record_oom(failure)
-            return
-        tracker = self.tracker
-        training = module.training
-        tracker.forward_training = training
-        tracker.training_forwards += training
-        evaluation = tracker.eval
-        if evaluation is not None:
-            # The mode the model evaluates in, not the one it is left in when the block logs.
-            evaluation.forwards += 1
-            evaluation.training = bool(evaluation.training) or module.training
-            return
-        s = tracker.cur
+        s = self._forward_ran(module, output)
         if s is None:
             return
         # The step's phases (forward, then backward up to the optimizer): host clock, no sync.
@@ -540,3 +572,64 @@ class ModelHooks:
                 self._decide_classes(s, output)
         except Exception:  # noqa: S110 - an output torch cannot sum (a nested tensor of ragged parts): not checked
             pass
+
+    def after_part_forward(self, module: Any, args: Any, output: Any) -> None:
+        """A part's forward (parts.py), as the model's with two differences. Every call's output is checked, the
+        step's ``finite.forward`` false if any was not: the last part's output is what the loss reads, and a NaN
+        an earlier part made is the model's all the same. The forward phase ends with the last part called
+        before the optimizer's step, and the first part called in a step counts the model's forwards."""
+        parts = self.parts
+        if parts is None or parts.get(id(module)) is not module:
+            return  # a shallow copy of a part shares its hook table: its forwards are not this run's
+        s = self._forward_ran(module, output)
+        if s is None:
+            return
+        if s.first_part is None:
+            s.first_part = module
+        if module is s.first_part:
+            s.forwards += 1
+        if s.opt_start is None:
+            s.forward_end = time.perf_counter()
+            if s.device_start is not None:
+                s.forward_mark = device_mark()
+        if not s.measured or s.part_calls > PART_PROBES:
+            return
+        s.part_calls += 1
+        if s.part_calls > PART_PROBES:
+            s.forward_probe = s.part_sum = None  # not checked, rather than checked in part
+            return
+        try:
+            out = output if type(output) is torch.Tensor else output_tensor(output)
+            if out is not None and out.dtype.is_floating_point:
+                probe = finiteness_probe(out)
+                total = s.part_sum
+                if total is not None:
+                    if total.device != probe.device:  # a model split over devices
+                        probe = probe.to(total.device, non_blocking=True)
+                    probe = total + probe  # on the device: one number whatever the count
+                s.part_sum = probe
+                s.forward_probe = defer(probe)
+            if not self._classes_decided or self._classes_step == s.step:
+                self._decide_classes(s, output)  # the step's last part decides: the head, not the backbone
+        except Exception:  # noqa: S110 - as the model's: an output torch cannot sum is not checked
+            pass
+
+    def _forward_ran(self, module: Any, output: Any) -> StepState | None:
+        """A watched forward returned (or raised: ``output`` is None) in ``module``'s mode: the step it ran in, or
+        None when it raised, ran in a validation block, or outside any step."""
+        if output is None:
+            failure = sys.exc_info()[1]  # always_call: the forward is raising
+            if failure is not None and process.is_oom(failure):
+                self.failures.record_oom(failure)
+            return None
+        tracker = self.tracker
+        training = module.training
+        tracker.forward_training = training
+        tracker.training_forwards += training
+        evaluation = tracker.eval
+        if evaluation is not None:
+            # The mode the model evaluates in, not the one it is left in when the block logs.
+            evaluation.forwards += 1
+            evaluation.training = bool(evaluation.training) or training
+            return None
+        return tracker.cur

@@ -87,6 +87,11 @@ class StepState:
     forward_mark: Any = None
     opt_start_mark: Any = None
     opt_end_mark: Any = None
+    # A model watched by its parts (parts.py): the first part called in the step, the calls whose outputs were
+    # checked, and the sum of their probes (on the device)
+    first_part: Any = None
+    part_calls = 0
+    part_sum: Any = None
 
     def __init__(self, step: int, started: float):
         self.step = step
@@ -121,6 +126,11 @@ class StepState:
         """
         end, start, stop = self.forward_end, self.opt_start, self.opt_end
         if self.forwards != 1 or end is None or start is None or stop is None or self.micro_batches > 1:
+            return _no_phases()
+        if end > start:
+            # The forward ran inside the optimizer's step: optimizer.step(closure) (Lightning, LBFGS). Its three
+            # moments do not split the step into a forward, a backward and an update (a backward of 0 s, an update
+            # holding all three, as Lightning's steps read before).
             return _no_phases()
         host = {
             "forward_s": max(end - self.started, 0.0),
