@@ -732,13 +732,14 @@ def test_a_reinforcement_learning_loop_runs_without_the_rules_its_rollouts_set_o
 
     default = ran()
     run_record = default[0]
-    assert run_record["rules"] == {"loss-spike": False, "grad-explosion": False}
+    assert run_record["rules"] == {"loss-spike": False, "grad-explosion": False, "loss-chance": False}
     assert run_record["rules_note"].startswith("reinforcement learning (gymnasium is imported): a policy's loss")
     assert len([r for r in default if r["kind"] == "step"]) == 600
     assert [r for r in default if r["kind"] == "alert"] == []
     # The same run with the two rules named: each new rollout's returns (another policy's) are a "spike".
-    named = ran("--rules", '{"loss-spike": true, "grad-explosion": true}')
-    assert (named[0]["rules"], named[0]["rules_note"]) == ({"loss-spike": True, "grad-explosion": True}, None)
+    named = ran("--rules", '{"loss-spike": true, "grad-explosion": true, "loss-chance": true}')
+    assert named[0]["rules"] == {"loss-spike": True, "grad-explosion": True, "loss-chance": True}
+    assert named[0]["rules_note"] is None
     losses = [r["loss"] for r in named if r["kind"] == "step"]
     assert losses == [r["loss"] for r in default if r["kind"] == "step"]
     assert losses[400] > 3 * losses[399]

@@ -687,14 +687,14 @@ def test_gradscaler_skips_are_info_until_too_many_in_a_row():
 
 
 def test_a_reinforcement_learning_loop_turns_off_the_rules_its_rollouts_set_off_unless_the_config_names_them():
-    off = {"loss-spike": False, "grad-explosion": False}
-    assert for_reinforcement_learning(None) == (off, ["loss-spike", "grad-explosion"])
+    off = {"loss-spike": False, "grad-explosion": False, "loss-chance": False}
+    assert for_reinforcement_learning(None) == (off, ["loss-spike", "grad-explosion", "loss-chance"])
     assert for_reinforcement_learning({"data-bound": False}) == ({**off, "data-bound": False}, list(off))
-    named = {"loss-spike": {"ratio": 20}, "grad-explosion": True}
+    named = {"loss-spike": {"ratio": 20}, "grad-explosion": True, "loss-chance": {"classes": 4}}
     assert for_reinforcement_learning(named) == (named, [])
     assert for_reinforcement_learning({"loss-spike": True}) == (
-        {"grad-explosion": False, "loss-spike": True},
-        ["grad-explosion"],
+        {"grad-explosion": False, "loss-chance": False, "loss-spike": True},
+        ["grad-explosion", "loss-chance"],
     )
     assert for_reinforcement_learning(["nonfinite", "loss-spike"]) == (["nonfinite", "loss-spike"], [])
     ids = {r.id for r in Diagnosis(for_reinforcement_learning(None)[0]).rules}

@@ -61,8 +61,10 @@ def rules_as_data(config: RulesConfig | None) -> list[str] | dict[str, Any] | No
 
 # Off by default in a reinforcement-learning loop, where the config does not name them (docs/rules.md): a policy's
 # loss and gradients are not a descent to a floor, and they jump with every new rollout (PPO, A2C) or
-# target-network update (DQN), many times in a healthy run.
-NOT_FOR_REINFORCEMENT_LEARNING = ("loss-spike", "grad-explosion")
+# target-network update (DQN), many times in a healthy run. Nor is its loss a classifier's: a Q-network's output
+# (a value per action) beside a batch of integer actions reads as logits and labels, and a TD loss that rose past
+# ln(actions) at a target update read as "back to chance".
+NOT_FOR_REINFORCEMENT_LEARNING = ("loss-spike", "grad-explosion", "loss-chance")
 
 
 def for_reinforcement_learning(
