@@ -12,11 +12,13 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
 
+from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.watch import Watch
 
 from ..helpers import records
@@ -30,11 +32,11 @@ class DQNLightning(nn.Module):
         self.net = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
         self.target_net = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> Any:
         return self.net(x)  # pragma: no cover - as in the example: training calls self.net
 
 
-def _train(run_root: Path, **options: object) -> list[dict[str, object]]:
+def _train(run_root: Path, **options: object) -> list[Record]:
     torch.manual_seed(0)
     model = DQNLightning()
     opt = torch.optim.Adam(model.net.parameters(), lr=1e-2)
