@@ -267,6 +267,34 @@ def test_a_watch_given_one_of_two_optimizers_says_so_once_and_one_given_both_say
     assert capsys.readouterr().err == ""
 
 
+def test_a_target_network_synced_inside_the_model_is_not_taken_for_another_optimizer(
+    run_root: Path, capsys: pytest.CaptureFixture[str]
+):
+    # Lightning's DQN example: its module holds the Q-network and its target, the optimizer only the first, and
+    # training_step syncs the target with load_state_dict at step 0. Its 2 parameters moved, with no gradient.
+    class DQN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(8, 2)
+            self.target_net = nn.Linear(8, 2)
+
+    torch.manual_seed(0)
+    model = DQN()
+    opt = torch.optim.Adam(model.net.parameters(), lr=0.01)
+    with Watch(model, opt, name="dqn", run_dir=run_root, system=False, quiet=True) as watch:
+        for i in range(3):
+            watch.step()
+            if i == 0:
+                model.target_net.load_state_dict(model.net.state_dict())
+            with torch.no_grad():
+                target = model.target_net(X).max(1)[0]
+            loss = nn.functional.mse_loss(model.net(X).max(1)[0], target + 1)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     ("given", "message"),
     [

@@ -211,6 +211,10 @@ class ModelHooks:
         self._classes_step = -1  # the step that decided: a model watched by its parts decides at each of its calls
         self._handles: list[Any] = []
         self._root_hook: Any = None
+        # The model's trainable parameters no watched optimizer holds, until the first update (_watch_outside), and
+        # which of them had a gradient at the first optimizer step's pre-hook
+        self._outside: list[torch.Tensor] = []
+        self._outside_grads: list[bool] | None = None
         # A model watched by its parts (parts.py): id -> part, and the classes whose copies leave their hooks out.
         self.parts: dict[int, torch.nn.Module] | None = None
         self._part_types: list[type] = []
@@ -378,8 +382,8 @@ class ModelHooks:
         s.opt_start = time.perf_counter()
         if s.device_start is not None:
             s.opt_start_mark = device_mark()
-        if tracker.opt_steps == 1:
-            self._forward_seen()
+        if tracker.opt_steps < 2:
+            self._early_step(tracker.opt_steps)
         params = self.params()
         closure = None if self.late_gradients else step_closure(args, kwargs)
         if not self.late_gradients and closure is None:
@@ -495,11 +499,16 @@ class ModelHooks:
 
     def _watch_outside(self) -> None:
         """Until the first update, keep the version counters of the model's trainable parameters that no watched
-        optimizer holds: one that moves then was stepped by another optimizer, which the Watch was not given."""
+        optimizer holds: one that moves then was stepped by another optimizer, which the Watch was not given.
+
+        Only one with a gradient: at the first optimizer step's pre-hook (one backward before both optimizers, Muon
+        beside AdamW; a loop that zeroes them to None after stepping) or when the step ends. A target network
+        synced with ``load_state_dict`` inside the model (Lightning's DQN example) moves too, and has none."""
         held = {id(p) for o in self._stepping for g in o.param_groups for p in g["params"]}
         outside = [p for p in self.model.parameters() if p.requires_grad and id(p) not in held]
         if not outside:
             return
+        self._outside = outside
         versions = [p._version for p in outside]
         after = self.tracker.on_end  # several optimizers' norms, read first
 
@@ -509,7 +518,11 @@ class ModelHooks:
             if s.opt_step is None:
                 return  # no update yet (accumulation): the next step's end asks again
             self.tracker.on_end = after
-            moved = sum(p._version != v for p, v in zip(outside, versions, strict=True))
+            had = self._outside_grads or [False] * len(outside)
+            moved = sum(
+                p._version != v and (g or p.grad is not None) for p, v, g in zip(outside, versions, had, strict=True)
+            )
+            self._outside = []
             if moved:
                 print(
                     f"tuiwatch: {self.name}: {moved} of the model's parameters that the optimizer does not hold were "
@@ -520,6 +533,16 @@ class ModelHooks:
                 )
 
         self.tracker.on_end = at_first_update
+
+    def _early_step(self, done: int) -> None:
+        """The pre-hook of the first two optimizer steps (``done`` of them before): the gradients of the parameters
+        no watched optimizer holds, at the first (_watch_outside); whether the model's forward was seen, at the
+        second (_forward_seen)."""
+        if done == 0:
+            if self._outside:
+                self._outside_grads = [p.grad is not None for p in self._outside]
+        else:
+            self._forward_seen()
 
     def at_step_open(self, s: StepState) -> None:
         """No optimizer: keep the weights the update norm compares with, on the steps that sample it."""
