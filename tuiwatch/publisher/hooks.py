@@ -505,7 +505,7 @@ class ModelHooks:
         beside AdamW; a loop that zeroes them to None after stepping) or when the step ends. A target network
         synced with ``load_state_dict`` inside the model (Lightning's DQN example) moves too, and has none."""
         held = {id(p) for o in self._stepping for g in o.param_groups for p in g["params"]}
-        outside = [p for p in self.model.parameters() if p.requires_grad and id(p) not in held]
+        outside: list[torch.Tensor] = [p for p in self.model.parameters() if p.requires_grad and id(p) not in held]
         if not outside:
             return
         self._outside = outside
