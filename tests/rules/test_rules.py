@@ -253,6 +253,31 @@ def test_data_bound_weighs_time_and_names_one_slow_worker_on_a_fast_or_a_loaded_
         assert evidence["data_wait_share"] > 0.6
 
 
+def test_data_bound_blames_no_worker_where_the_loader_has_none():
+    # Lightning's PPO example: an IterableDataset runs a rollout every 4th batch, in the training process (the
+    # system records say 0 workers). It said "one slow worker or shard".
+    def run(workers: int | None) -> Record:
+        records: list[Record] = []
+        for i in range(60):
+            if i % 10 == 0 and workers is not None:
+                records.append({"kind": "system", "t": float(i), "workers": workers})
+            records.append(step(i, data_wait_s=0.2 if i % 4 == 3 else 0.001, compute_s=0.01))
+        alerts = [a for a in Diagnosis(["data-bound"]).run(records) if a["severity"] == "warning"]
+        assert [a["step"] for a in alerts] == [49]
+        return alerts[0]
+
+    none = run(0)
+    assert (
+        none["evidence"]["pattern"] == "every 4th batch waits: the dataset makes them in bursts, with no loader workers"
+    )
+    assert (none["evidence"]["period"], none["evidence"]["workers"]) == (4, 0)
+    assert none["next_check"].startswith("make the batches beside the training: loader workers (num_workers)")
+    for workers in (4, None):  # four workers, one of them slow; or a ledger without system records
+        alert = run(workers)
+        assert alert["evidence"]["pattern"] == "every 4th batch waits: one slow worker or shard"
+        assert alert["next_check"].endswith("; find the slow worker or shard")
+
+
 def test_unknown_rule_ids_are_refused():
     with pytest.raises(ValueError, match="unknown rule ids \\['grad-explode'\\]"):
         Diagnosis(["grad-explode"])

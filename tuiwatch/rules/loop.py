@@ -23,11 +23,15 @@ class DataBound(Rule):
     wait come at a regular interval, the evidence says so ("every 3rd batch
     waits"), which points at one worker or shard rather than all of them;
     long waits scattered at no regular interval (a busy machine preempting
-    the process) do not fire.
+    the process) do not fire. A loader without workers (the system records'
+    ``workers`` 0) has no worker to blame: its dataset makes every Nth batch
+    slowly in the training process itself (a buffer refilled, a rollout of
+    Lightning's PPO example, a file opened).
     Clears when the share is under ``clear_share``.
     """
 
     id = "data-bound"
+    kinds = ("step", "system")  # the system records say how many loader workers there are
 
     def __init__(self, window: int = 50, share: float = 0.5, clear_share: float = 0.3, min_wait_s: float = 0.001):
         super().__init__()
@@ -35,6 +39,7 @@ class DataBound(Rule):
         self.recent: deque[tuple[int | None, float, float]] = deque()
         self.wait = 0.0
         self.total = 0.0
+        self.workers: int | None = None  # the loader's worker processes, from the last system record that says
 
     def _push(self, record: Record) -> float | None:
         """Add this step to the window; the window's wait share once it is full (None before)."""
@@ -77,12 +82,35 @@ class DataBound(Rule):
             period = max(set(gaps), key=gaps.count)
             if period >= 2 and gaps.count(period) >= 0.8 * len(gaps):
                 nth = {2: "2nd", 3: "3rd"}.get(period, f"{period}th")
+                if self.workers == 0:
+                    return (
+                        f"every {nth} batch waits: the dataset makes them in bursts, with no loader workers",
+                        period,
+                        True,
+                    )
                 return f"every {nth} batch waits: one slow worker or shard", period, True
         return "a few batches wait long, at no regular interval", None, False
+
+    def _note_workers(self, record: Record) -> None:
+        workers = record.get("workers")
+        if type(workers) is int:
+            self.workers = workers
+
+    def _advice(self, period: int | None) -> str:
+        if period and self.workers == 0:
+            return (
+                "make the batches beside the training: loader workers (num_workers), or the burst's work (a buffer "
+                "refilled, a rollout, a file opened) in a thread or process of its own"
+            )
+        return "more loader workers, lighter transforms, faster storage, pin_memory" + (
+            "; find the slow worker or shard" if period else ""
+        )
 
     def check(self, record: Record) -> AlertRecord | None:
         share = self._push(record)
         if share is None or share <= self.share:
+            if share is None and record.get("kind") == "system":
+                self._note_workers(record)
             return None
         pattern, period, steady = self._pattern()
         if not steady:
@@ -99,12 +127,15 @@ class DataBound(Rule):
                 "step_time_s": self.total,
                 "pattern": pattern,
                 "period": period,
+                "workers": self.workers,
             },
-            "more loader workers, lighter transforms, faster storage, pin_memory"
-            + ("; find the slow worker or shard" if period else ""),
+            self._advice(period),
         )
 
     def clears(self, record: Record) -> bool:
+        if record.get("kind") == "system":
+            self._note_workers(record)
+            return False  # says nothing of the waits (clear_after is 1: no run of clear records to break)
         share = self._push(record)
         return share is not None and share < self.clear_share
 
