@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
+from tuiwatch.integrations.script import ModelOfParts, parts_of_the_same_backward, same_backward_elsewhere, steps_beside
 from tuiwatch.ledger.ranks import rank_ledgers
 from tuiwatch.ledger.records import Record
 
@@ -326,47 +328,54 @@ def test_a_gan_records_the_first_optimizers_loss_without_the_others(socket_dir: 
 
 
 ENCODER_DECODER = """
+import json, sys
 import torch
 from torch import nn
 
 torch.manual_seed(0)
 encoder, decoder = nn.GRU(4, 8, batch_first=True), nn.Linear(8, 3)  # two modules that no module holds
-enc_opt, dec_opt = torch.optim.Adam(encoder.parameters()), torch.optim.Adam(decoder.parameters())
+enc_opt, dec_opt = torch.optim.Adam(encoder.parameters()), torch.optim.Adam(decoder.parameters(), lr=0.01)
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 5, 4), torch.randint(0, 3, (32,))),
                                      batch_size=8)
+norms = []
 for x, y in loader:
     enc_opt.zero_grad()
     dec_opt.zero_grad()
     out, _ = encoder(x)
     nn.functional.cross_entropy(decoder(out[:, -1]), y).backward()
+    grads = [p.grad for p in [*encoder.parameters(), *decoder.parameters()]]
+    norms.append(float(torch.sqrt(sum(g.pow(2).sum() for g in grads))))
     enc_opt.step()
     dec_opt.step()
+json.dump(norms, open(sys.argv[1], "w"))
 """
 
 
-def test_a_second_optimizer_whose_part_the_same_backward_filled_is_named_as_not_watched(
+def test_modules_that_one_backward_trains_each_with_its_optimizer_are_watched_as_one_model(
     socket_dir: Path, tmp_path: Path
 ):
     # PyTorch's seq2seq translation tutorial: an EncoderRNN and an AttnDecoderRNN, each with its own Adam, one loss.
-    # The encoder was watched and the decoder, three quarters of the parameters, left out without a word.
-    script = tmp_path / "script.py"
-    script.write_text(ENCODER_DECODER)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script)], socket_dir)
-    assert done.returncode == 0, done.stderr
-    line = (
-        "tuiwatch run: the same backward filled the gradients of 27 parameters outside GRU that another optimizer "
-        "(Adam) steps: they are not watched"
-    )
-    assert line in done.stderr
-    run_record = records(ledger_file(tmp_path / "runs"), "run")[0]
-    assert run_record["model"] == "GRU"
-    assert any("27 parameters outside GRU" in item for item in run_record["integration"]["not_seen"])
-    # A GAN's generator gets its gradients from a backward of its own, after the first step: nothing to say.
+    # The encoder was watched and the decoder, three quarters of the parameters, left out without a word; then
+    # with a line that said so. Now both, as one model of two parts.
+    truth = tmp_path / "norms.json"
+    ledger = run_source(ENCODER_DECODER, tmp_path, socket_dir, str(truth))
+    run_record = records(ledger, "run")[0]
+    assert (run_record["model"], run_record["optimizer"]) == ("ModelOfParts", "Adam + Adam")
+    assert run_record["integration"]["model"].startswith("ModelOfParts: GRU, Linear, the modules one backward trains")
+    assert not any("not watched" in item for item in run_record["integration"]["not_seen"])
+    steps = records(ledger, "step")
+    assert len(steps) == 4
+    assert [s["grad_norm"] for s in steps] == pytest.approx(json.loads(truth.read_text()), rel=1e-5)  # both parts'
+    assert [s["lr"] for s in steps] == [[0.001, 0.01]] * 4  # both optimizers'
+    # The model has no forward of its own: its parts' are watched (step 0's ran before the Watch existed).
+    assert [s["finite"]["forward"] for s in steps] == [None, True, True, True]
+    assert [s.get("classes") for s in steps] == [None, 3, None, None]  # the decoder's output: the last part's
+    # A GAN's generator gets its gradients from a backward of its own, after the first step: not a part of it.
     gan = tmp_path / "gan.py"
     gan.write_text(DCGAN_SHAPED)
     done = run([*TUIWATCH, "--run-dir", str(tmp_path / "gan-runs"), str(gan), str(tmp_path / "t.json")], socket_dir)
     assert done.returncode == 0, done.stderr
-    assert "not watched" not in done.stderr
+    assert records(ledger_file(tmp_path / "gan-runs"), "run")[0]["model"] == "Sequential"
 
 
 ONE_MODEL_AFTER_ANOTHER = """
@@ -1160,3 +1169,22 @@ def test_a_script_that_exports_its_model_with_torchscript_at_the_end_saves_it(so
     assert [s["step"] for s in steps] == list(range(8))  # 2 epochs of 4 batches
     assert steps[0]["batch_shape"] is None  # drawn before the Watch was made
     assert steps[1]["batch_shape"] == [[32, 4], [32]]
+
+
+def test_a_part_is_a_module_apart_from_the_model_else_the_line_says_what_is_not_watched():
+    # The first step's backward filled the gradients of another optimizer's parameters. Held by a module apart from
+    # the model, that module is a part; a plain tensor no module holds is not, and the line names what is left out.
+    torch.manual_seed(0)
+    model, decoder, scale = nn.Linear(4, 3), nn.Linear(3, 2), torch.ones(2, requires_grad=True)
+    first = torch.optim.SGD(model.parameters(), lr=0.1)
+    by_decoder, by_scale = torch.optim.SGD(decoder.parameters(), lr=0.1), torch.optim.SGD([scale], lr=0.1)
+    (decoder(model(torch.randn(5, 4))) * scale).sum().backward()
+    objects: list[Any] = [model, decoder, scale, first, by_decoder, by_scale]
+    assert parts_of_the_same_backward(model, [by_decoder], [], objects) == [decoder]
+    assert parts_of_the_same_backward(model, [by_decoder, by_scale], [], objects) == []
+    line = same_backward_elsewhere(model, [by_scale], [])
+    assert line is not None
+    assert line.startswith("the same backward filled the gradients of 2 parameters outside Linear that another")
+    whole = ModelOfParts([model, decoder])
+    assert [name for name, _ in whole.named_children()] == ["Linear", "Linear_"]
+    assert steps_beside(whole, [by_decoder, by_scale]) == [by_decoder]

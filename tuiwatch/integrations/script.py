@@ -189,9 +189,9 @@ def steps_beside(model: torch.nn.Module, others: list[Any]) -> list[Any]:
 
 
 def same_backward_elsewhere(model: torch.nn.Module, others: list[Any], beside: list[Any]) -> str | None:
-    """A line naming the optimizers whose parameters the first step's backward filled too, outside ``model`` (the
-    translation tutorial's decoder beside its encoder, two modules no module holds): one model trained by one
-    loss, of which the Watch sees a part. None when there are none.
+    """A line naming the optimizers whose parameters the first step's backward filled too, outside ``model``: one
+    model trained by one loss, of which the Watch sees a part (where they are not a module apart from it, which
+    :func:`parts_of_the_same_backward` finds: the translation tutorial's decoder). None when there are none.
 
     Called in the first optimizer step, when the gradients are there: a GAN's generator's come later.
     """
@@ -209,6 +209,43 @@ def same_backward_elsewhere(model: torch.nn.Module, others: list[Any], beside: l
         "checkpoint); a module that holds both parts and calls them in its forward, given to the Watch with both "
         "optimizers (the three lines), watches the whole model"
     )
+
+
+def parts_of_the_same_backward(
+    model: torch.nn.Module, others: list[Any], beside: list[Any], objects: list[Any]
+) -> list[torch.nn.Module]:
+    """The modules, outside ``model``, of the optimizers whose parameters the first step's backward filled too
+    (the translation tutorial's decoder beside its encoder), each the outermost holding its optimizer's
+    parameters; none unless each such optimizer has one, apart from ``model`` and from each other.
+
+    Called in the first optimizer step, when the gradients are there: a GAN's generator's come later.
+    """
+    inside = {id(p) for p in model.parameters()}
+    parts: list[torch.nn.Module] = []
+    for o in others:
+        if o in beside or not any(p.grad is not None and id(p) not in inside for p in _params(o)):
+            continue
+        part = find_model(o, objects)
+        held = {id(p) for p in part.parameters()}
+        if isinstance(part, BareTensors) or not held.isdisjoint(inside):
+            return []
+        inside |= held
+        parts.append(part)
+    return parts
+
+
+class ModelOfParts(torch.nn.Module):
+    """Modules that one backward trains, each stepped by an optimizer of its own, and that no module holds (the
+    translation tutorial's ``EncoderRNN`` and ``AttnDecoderRNN``): one model for the Watch. It has no forward, so
+    the Watch watches its parts' forwards (publisher/parts.py); its norms, lr and checkpoints are all of theirs."""
+
+    def __init__(self, parts: list[torch.nn.Module]):
+        super().__init__()
+        for part in parts:
+            name = type(part).__name__
+            while name in self._modules:
+                name += "_"
+            self.add_module(name, part)
 
 
 def _another_holds_a_module(optimizer: torch.optim.Optimizer, objects: list[Any]) -> bool:
@@ -387,6 +424,10 @@ class ScriptWatch:
         others = other_optimizers(optimizer, objects)
         model = model_of_one_backward(optimizer, others, objects) or model
         beside = [] if isinstance(model, BareTensors) else steps_beside(model, others)
+        parts = [] if isinstance(model, BareTensors) else parts_of_the_same_backward(model, others, beside, objects)
+        if parts:  # one loss over modules no module holds: watched together, every optimizer with the first
+            model = ModelOfParts([model, *parts])
+            beside = steps_beside(model, others)
         left_out = same_backward_elsewhere(model, others, beside)
         optimizers = [optimizer, *beside]
         found = [_built_on(o, objects) for o in optimizers]
@@ -395,7 +436,10 @@ class ScriptWatch:
         del objects
         integration = {
             "by": "tuiwatch run",
-            "model": f"{type(model).__name__}: the outermost module holding the optimizer's parameters",
+            "model": f"{type(model).__name__}: the outermost module holding the optimizer's parameters"
+            if not parts
+            else "ModelOfParts: " + ", ".join(type(m).__name__ for m in model.children()) + ", the modules one "
+            "backward trains, each the outermost holding its optimizer's parameters",
             "loss": "the sum of the scalars backward() was called on between two optimizer steps, less those another "
             "optimizer stepped on (with step(closure): those of the closure's first call)",
             "not_seen": NOT_SEEN + ([left_out] if left_out else []),
