@@ -1135,6 +1135,10 @@ def test_a_lightning_script_that_clips_by_value_records_the_norm_before_the_clip
     # tuiwatch run's Watch measured: the first step recorded 0.88 for a pre-clip norm of 9.1.
     pytest.importorskip("lightning")
     steps, norms = steps_and_seen(CLIPS_BY_VALUE, run_root, socket_dir, tmp_path)
+    # Lightning's LightningOptimizer wraps the SGD, sharing its hook tables: one optimizer, not "SGD + LightningSGD"
+    # with the lr twice and each hook put on twice.
+    assert records(ledger_file(run_root), "run")[0]["optimizer"] == "SGD"
+    assert [s["lr"] for s in steps] == [[0.05]] * 5
     assert len(steps) == len(norms) == 5
     assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-5)
     assert min(norms) > 1  # each clipped to 0.05 an element, 0.05·√227 ≈ 0.75 at most after

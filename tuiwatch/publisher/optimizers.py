@@ -10,16 +10,19 @@ import torch
 def inner_optimizer(optimizer: Any) -> Any:
     """The torch optimizer that actually steps, under a wrapper that subclasses Optimizer without its state.
 
-    Accelerate's ``AcceleratedOptimizer`` (``.optimizer``) and Lightning's
-    ``LightningOptimizer`` (``._optimizer``) forward ``step()`` to the optimizer they
-    wrap but have no hook tables of their own: the hooks go on the wrapped one.
+    Accelerate's ``AcceleratedOptimizer`` (``.optimizer``) forwards ``step()`` to the optimizer it wraps and has no
+    hook tables of its own; Lightning's ``LightningOptimizer`` (``._optimizer``) copies the wrapped one's
+    ``__dict__``, so it has them, and they are the wrapped one's tables. Either way the hooks go on the wrapped one,
+    and the two are one optimizer (``tuiwatch run`` on a Lightning script found "Adam + LightningAdam", the same
+    hooks put on twice).
     """
     for _ in range(4):  # a wrapper of a wrapper, at most a few deep
-        if hasattr(optimizer, "_optimizer_step_pre_hooks"):
-            return optimizer
         inner = getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
-        if not isinstance(inner, torch.optim.Optimizer):
+        if not isinstance(inner, torch.optim.Optimizer) or inner is optimizer:
             break
+        own = getattr(optimizer, "_optimizer_step_pre_hooks", None)
+        if own is not None and own is not getattr(inner, "_optimizer_step_pre_hooks", None):
+            break  # an optimizer of its own over another (a Lookahead): its own hooks run at its step
         optimizer = inner
     return optimizer
 
