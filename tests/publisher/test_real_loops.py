@@ -392,6 +392,42 @@ def test_a_nan_loss_over_finite_logits_is_named_the_losss_not_the_models(run_roo
     assert "boundary=loss" in alert["message"]
 
 
+class Policy(nn.Module):
+    """CleanRL's (and Lightning Fabric's PPO example's) agent shape: the sampled actions first, then floats."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.actor = nn.Linear(4, 2)
+        self.poisoned = False
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = self.actor(x) * (math.nan if self.poisoned else 1.0)
+        log_probs = torch.log_softmax(logits, -1)
+        actions = torch.distributions.Categorical(logits=logits.nan_to_num()).sample()
+        return actions, log_probs.gather(1, actions[:, None]).squeeze(1), log_probs
+
+
+def test_a_policys_output_is_checked_past_its_integer_actions(run_root: Path):
+    # (action, logprob, ...): the probe took the first tensor with a dimension, the sampled actions, integers with
+    # nothing to check: finite.forward was null at every step and a NaN policy was named the loss's.
+    torch.manual_seed(0)
+    model = Policy()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, on_nonfinite="skip") as watch:
+        for i in range(4):
+            watch.step()
+            model.poisoned = i == 2
+            _, logprob, _ = model(torch.randn(8, 4))
+            loss = -logprob.mean()
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert [s["finite"]["forward"] for s in _steps(watch)] == [True, True, False, True]
+    alert = next(a for a in _alerts(watch) if a["rule"] == "nonfinite")
+    assert (alert["step"], alert["evidence"]["boundary"]) == (2, "forward")
+
+
 class LogOfLinear(nn.Module):
     """A model whose own log() of a negative activation makes its output NaN."""
 

@@ -92,18 +92,23 @@ def output_tensor(output: Any) -> torch.Tensor | None:
     ``{"loss": ..., "logits": ...}``. That loss is the chain's next link, computed inside the model: a batch
     whose every label is masked (a prompt-only or all-padding batch) gives a NaN loss (0/0) over finite logits,
     which is the loss's failure, not the model's. A sequence has no names: its first tensor with a dimension
-    (a loss is a scalar, a model's output has its batch), else its first.
+    (a loss is a scalar, a model's output has its batch), else its first. Among them a floating one first: a
+    policy's ``(action, logprob, entropy, value)`` (CleanRL's, Lightning Fabric's PPO agent) starts with the
+    sampled actions, integers with nothing to check, and its output went unchecked.
     """
     kind = type(output)
     if kind is tuple or kind is list:
-        scalar = None
+        scalar = other = None
         for v in output:
             if isinstance(v, torch.Tensor):
                 if v.dim():
-                    return v
-                if scalar is None:
+                    if v.dtype.is_floating_point:
+                        return v
+                    if other is None:
+                        other = v
+                elif scalar is None:
                     scalar = v
-        return scalar
+        return other if other is not None else scalar
     if isinstance(output, Mapping):
         named: Mapping[Any, Any] | None = output
         logits = output.get("logits")
@@ -114,7 +119,8 @@ def output_tensor(output: Any) -> torch.Tensor | None:
         return logits
     if named is None:
         return first_tensor(output)
-    return next((v for k, v in named.items() if k != "loss" and isinstance(v, torch.Tensor)), None)
+    tensors = [v for k, v in named.items() if k != "loss" and isinstance(v, torch.Tensor)]
+    return next((v for v in tensors if v.dtype.is_floating_point), tensors[0] if tensors else None)
 
 
 NO_BATCH = object()  # class_count's batch where the step's batch was not seen (a loop without a loader or step(batch=))
