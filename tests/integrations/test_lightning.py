@@ -105,6 +105,21 @@ json.dump([float(v) for v in module.losses], open(sys.argv[2], "w"))
 """
 
 
+def test_a_step_has_its_phases_though_the_forward_runs_inside_the_optimizers_step(tmp_path: Path, socket_dir: Path):
+    # Lightning runs training_step and the backward inside optimizer.step(closure), after the step's pre-hook: the
+    # phases read a backward of 0 s and an update that held the whole step. The optimizer's own work now starts at
+    # on_before_optimizer_step, after the backward.
+    done = fit(tmp_path, socket_dir, "--epochs", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = records(ledger_file(tmp_path / "runs"), "step")
+    assert len(steps) == STEPS_PER_EPOCH
+    for s in steps:
+        phases = (s["forward_s"], s["backward_s"], s["optimizer_s"])
+        assert None not in phases
+        assert s["backward_s"] > 0
+        assert sum(phases) <= s["compute_s"] + 1e-6
+
+
 def test_a_module_compiled_as_one_graph_trains_and_is_watched(tmp_path: Path, socket_dir: Path):
     # Lightning compiles the module again, with the user's options, after the callback hooked it: the hook's graph
     # break raised "Skip inlining `torch.compiler.disable()`d function" at the first step (docs/architecture.md).
@@ -188,6 +203,9 @@ def test_the_ddp_strategys_ranks_are_one_job_with_the_same_reduced_gradients(tmp
     assert [len(s) for s in steps] == [STEPS_PER_EPOCH, STEPS_PER_EPOCH]  # each rank half the data, 2 epochs
     # After DDP's all-reduce both ranks hold the same gradients: the same pre-clip norms, step by step.
     assert [s["grad_norm"] for s in steps[0]] == pytest.approx([s["grad_norm"] for s in steps[1]], rel=1e-6)
+    # Under DDP Lightning runs training_step through the model's forward (its forward redirection), which calls the
+    # forward again inside: two forwards a step, so no phases (the straggler rule compares step times).
+    assert {(s["forward_s"], s["backward_s"], s["optimizer_s"]) for s in steps[0] + steps[1]} == {(None, None, None)}
     # Each rank's ids from the DistributedSampler Lightning put in: an epoch's two halves, apart.
     halves = [[i for s in steps[r][: STEPS_PER_EPOCH // 2] for i in s["batch_ids"]] for r in (0, 1)]
     assert sorted(halves[0] + halves[1]) == list(range(512))

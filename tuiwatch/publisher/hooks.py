@@ -407,6 +407,11 @@ class ModelHooks:
                 self._check_newer(s, range(len(self._stepping)))
             return
         self._measure_gradients(s, self.params())
+        # The optimizer's own work starts now: its pre-hook ran before the closure that made the forward and the
+        # backward, so the backward phase runs from the forward's return to here (DDP's gradient sync in it).
+        s.opt_start = time.perf_counter()
+        if s.device_start is not None:
+            s.opt_start_mark = device_mark()
 
     def _gradient_norm(self, s: StepState, params: list[torch.Tensor]) -> Any:
         """The step's gradient norm: the one a clip gave, else measured now when the step is recorded or checked."""
@@ -611,7 +616,7 @@ class ModelHooks:
             s.first_part = module
         if module is s.first_part:
             s.forwards += 1
-        if s.opt_start is None:
+        if s.opt_start is None or self.late_gradients:  # (Lightning: the parts run after the optimizer's pre-hook)
             s.forward_end = time.perf_counter()
             if s.device_start is not None:
                 s.forward_mark = device_mark()
