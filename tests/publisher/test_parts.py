@@ -220,11 +220,11 @@ def test_copies_of_a_watched_part_are_normal_modules_and_close_takes_every_hook_
 
 
 def test_a_forward_inside_the_optimizers_step_has_no_phases(run_root: Path):
-    """optimizer.step(closure) (LBFGS, Lightning): its forward ends after the step began. The three moments read
-    as a backward of 0 s and an update that held the whole step; now they are not split."""
+    """optimizer.step(closure), evaluated once (SGD's): its forward ends after the step began. The three moments
+    read as a backward of 0 s and an update that held the whole step; now they are not split."""
     torch.manual_seed(0)
     model = WithForward()
-    opt = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = _batches(1)[0]
 
     def closure() -> torch.Tensor:
