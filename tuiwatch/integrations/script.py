@@ -196,9 +196,7 @@ def same_backward_elsewhere(model: torch.nn.Module, others: list[Any], beside: l
     Called in the first optimizer step, when the gradients are there: a GAN's generator's come later.
     """
     inside = {id(p) for p in model.parameters()}
-    filled = [
-        o for o in others if o not in beside and any(p.grad is not None and id(p) not in inside for p in _params(o))
-    ]
+    filled = _filled_outside(others, beside, inside)
     if not filled:
         return None
     count = sum(p.numel() for o in filled for p in _params(o) if id(p) not in inside)
@@ -209,6 +207,13 @@ def same_backward_elsewhere(model: torch.nn.Module, others: list[Any], beside: l
         "checkpoint); a module that holds both parts and calls them in its forward, given to the Watch with both "
         "optimizers (the three lines), watches the whole model"
     )
+
+
+def _filled_outside(others: list[Any], beside: list[Any], inside: set[int]) -> list[Any]:
+    """The optimizers among ``others`` (not ``beside``) holding a gradient of a parameter not in ``inside``."""
+    return [
+        o for o in others if o not in beside and any(p.grad is not None and id(p) not in inside for p in _params(o))
+    ]
 
 
 def parts_of_the_same_backward(
@@ -222,9 +227,7 @@ def parts_of_the_same_backward(
     """
     inside = {id(p) for p in model.parameters()}
     parts: list[torch.nn.Module] = []
-    for o in others:
-        if o in beside or not any(p.grad is not None and id(p) not in inside for p in _params(o)):
-            continue
+    for o in _filled_outside(others, beside, inside):
         part = find_model(o, objects)
         held = {id(p) for p in part.parameters()}
         if isinstance(part, BareTensors) or not held.isdisjoint(inside):

@@ -215,9 +215,7 @@ class ModelHooks:
         # which of them had a gradient at the first optimizer step's pre-hook
         self._outside: list[torch.Tensor] = []
         self._outside_grads: list[bool] | None = None
-        # A model watched by its parts (parts.py): id -> part, and the classes whose copies leave their hooks out.
-        self.parts: dict[int, torch.nn.Module] | None = None
-        self._part_types: list[type] = []
+        self.parts: dict[int, torch.nn.Module] | None = None  # a model watched by its parts (parts.py): id -> part
 
     def attach(self) -> None:
         if self._several:
@@ -246,11 +244,9 @@ class ModelHooks:
 
     def remove(self) -> None:
         unwatch_clipping(self)
-        if self._handles:
-            pickling.show_hooks(type(self.model))
-        for cls in self._part_types:
-            pickling.show_hooks(cls)
-        self._part_types.clear()
+        if self._handles:  # (once: a second remove() has none)
+            for module in [self.model, *(self.parts or {}).values()]:
+                pickling.show_hooks(type(module))
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
@@ -270,7 +266,6 @@ class ModelHooks:
         for part in parts:
             self._handles.append(part.register_forward_hook(ForwardHook(self.after_part_forward), always_call=True))
             pickling.hide_hooks(type(part), is_forward_hook)
-            self._part_types.append(type(part))
 
     def _forward_seen(self) -> None:
         """Before the second optimizer step: a model none of whose forwards ran since the Watch began (the loop
