@@ -100,10 +100,12 @@ def watch_clipping(hooks: Any) -> None:
 
 
 def unwatch_clipping(hooks: Any) -> None:
-    """Stop; the last Watch puts torch's functions back, unless someone else has wrapped one since."""
+    """Stop; the last Watch puts torch's functions back, unless someone else has wrapped one since. ``hooks`` None:
+    a Watch collected unclosed, already gone from the recorders (a weak set)."""
     with _lock:
-        _recorders.discard(hooks)
-        if len(_recorders):
+        if hooks is not None:
+            _recorders.discard(hooks)
+        if next(iter(_recorders), None) is not None:  # (not len(): it counts a collected one not removed yet)
             return
         for name in list(_installed):
             _installed.discard(name)

@@ -55,7 +55,7 @@ class CommandRunner:
 
     def on_command(self, command: Command) -> ActionRecord | None:
         """Publisher thread: queue the command; the training thread replies when it has run it."""
-        refused = "the run has ended" if self.tracker.off else self.queue.offer(command)
+        refused = RUN_ENDED if self.tracker.off else self.queue.offer(command)
         if refused is None:
             return None
         return action_record(
@@ -142,3 +142,11 @@ class CommandRunner:
         self._last_dump = now
         fallback = max(tracker.step - 1, 0)
         return self.dumps.on_request(reason, tracker.last_batch, fallback, list(tracker.pipeline.recent))
+
+
+RUN_ENDED = "the run has ended"
+
+
+def refused_after_end(command: Command) -> ActionRecord:
+    """The reply to a command that reaches a run whose Watch was collected unclosed (collected.py)."""
+    return action_record(command.cmd, cmd_id=command.id, ok=False, step=None, error=RUN_ENDED)

@@ -173,6 +173,34 @@ def is_forward_hook(hook: Any) -> bool:
     return isinstance(hook, ForwardHook)
 
 
+class Attached:
+    """What a Watch's hooks put on the model, its parts and its optimizers, removable without any of them: a Watch
+    collected unclosed is unhooked by a finalizer that holds this and nothing of the Watch (watch.py)."""
+
+    __slots__ = ("handles", "hidden")
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        self.hidden: list[type] = []  # the classes whose copies leave the hooks out (pickling.py), once a module
+
+    def forward_hook(self, module: torch.nn.Module, hook: ForwardHook) -> Any:
+        # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
+        handle = module.register_forward_hook(hook, always_call=True)
+        self.handles.append(handle)
+        pickling.hide_hooks(type(module), is_forward_hook)
+        self.hidden.append(type(module))
+        return handle
+
+    def remove(self) -> None:
+        """Take everything off (once: a second call finds nothing)."""
+        for cls in self.hidden:
+            pickling.show_hooks(cls)
+        for handle in self.handles:
+            handle.remove()
+        self.hidden.clear()
+        self.handles.clear()
+
+
 class ModelHooks:
     def __init__(
         self,
@@ -209,7 +237,7 @@ class ModelHooks:
         self._classes_decided = False
         self._classes_waited: int | None = None  # a measured step whose forward went by without its batch
         self._classes_step = -1  # the step that decided: a model watched by its parts decides at each of its calls
-        self._handles: list[Any] = []
+        self.attached = Attached()
         self._root_hook: Any = None
         # The model's trainable parameters no watched optimizer holds, until the first update (_watch_outside), and
         # which of them had a gradient at the first optimizer step's pre-hook
@@ -226,17 +254,14 @@ class ModelHooks:
         for stepping in self._stepping:
             # Not traced where the optimizer's step is compiled (PyTorch's recipe: torch.compile of a function that
             # calls opt.step()): one graph became ten, as for the forward hook below.
-            self._handles.append(stepping.register_step_pre_hook(uncompiled(pre)))
-            self._handles.append(stepping.register_step_post_hook(uncompiled(post)))
+            self.attached.handles.append(stepping.register_step_pre_hook(uncompiled(pre)))
+            self.attached.handles.append(stepping.register_step_post_hook(uncompiled(post)))
         if not self.optimizers:
             self.tracker.on_open = self.at_step_open
             self.tracker.on_end = self.at_step_end
         else:
             self._watch_outside()
-        # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
-        self._root_hook = self.model.register_forward_hook(ForwardHook(self.after_forward), always_call=True)
-        self._handles.append(self._root_hook)
-        pickling.hide_hooks(type(self.model), is_forward_hook)
+        self._root_hook = self.attached.forward_hook(self.model, ForwardHook(self.after_forward))
         scripting.leave_out_of_scripts(is_forward_hook)
         watch_clipping(self)
         if not has_forward(self.model):
@@ -244,12 +269,7 @@ class ModelHooks:
 
     def remove(self) -> None:
         unwatch_clipping(self)
-        if self._handles:  # (once: a second remove() has none)
-            for module in [self.model, *(self.parts or {}).values()]:
-                pickling.show_hooks(type(module))
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self.attached.remove()
         self.tracker.on_open = self.tracker.on_end = None
 
     def forward_modules(self) -> list[torch.nn.Module]:
@@ -264,8 +284,7 @@ class ModelHooks:
         self._root_hook.remove()
         self.parts = {id(p): p for p in parts}
         for part in parts:
-            self._handles.append(part.register_forward_hook(ForwardHook(self.after_part_forward), always_call=True))
-            pickling.hide_hooks(type(part), is_forward_hook)
+            self.attached.forward_hook(part, ForwardHook(self.after_part_forward))
 
     def _forward_seen(self) -> None:
         """Before the second optimizer step: a model none of whose forwards ran since the Watch began (the loop

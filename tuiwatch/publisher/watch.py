@@ -13,6 +13,7 @@ import numbers
 import os
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +27,8 @@ from tuiwatch.ledger.ranks import rank_ledgers
 from tuiwatch.ledger.records import END_REASONS
 from tuiwatch.publisher import environment, process, resume
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
-from tuiwatch.publisher.commands import CommandRunner
+from tuiwatch.publisher.collected import ended_unclosed, weakly
+from tuiwatch.publisher.commands import CommandRunner, refused_after_end
 from tuiwatch.publisher.deferred import defer
 from tuiwatch.publisher.dumps import DumpWriter
 from tuiwatch.publisher.failures import Failures
@@ -193,7 +195,14 @@ class Watch:
         )
         self._hooks.attach()
         self._replicated = replicated(model, optimizer, self.run_record["world_size"])
-        publishing.start(self._commands.on_command, dumps.on_alert, viewer_stall_s=viewer_stall_s)
+        # The thread holds the Watch's parts weakly, and a finalizer ends a run whose Watch the loop let go of.
+        publishing.start(
+            weakly(self._commands.on_command, refused_after_end),
+            weakly(dumps.on_alert, _no_dump),
+            viewer_stall_s=viewer_stall_s,
+        )
+        self._finalizer = weakref.finalize(self, ended_unclosed, self._pipeline, self._hooks.attached, self._run_files)
+        self._finalizer.atexit = False  # at exit, process.py closes the Watches still open, with the exit's reason
         socket_error = self.run_record["socket_error"]
         world, first_here = self.run_record["world_size"], self.run_record["local_rank"] == 0
         if socket_error is not None or not (quiet or os.environ.get("TUIWATCH_QUIET") or not first_here):
@@ -508,6 +517,7 @@ class Watch:
             return
         if self.should_stop and reason == "finished":
             reason = "stopped"  # the loop ended because a viewer asked it to
+        self._finalizer.detach()
         tracker.end(time.perf_counter())
         tracker.off = self._closed = True
         self._commands.paused = False
@@ -535,8 +545,13 @@ class Watch:
         self._failures.record_oom(failure)
 
     def _forked_child(self) -> None:
+        self._finalizer.detach()  # the parent's run: a child never ends it
         self._tracker.off = True
         self._pipeline.abandon_after_fork()
+
+
+def _no_dump(found: Any, records: Any) -> None:
+    return None  # an alert of the last records of a Watch collected unclosed: its batches went with it
 
 
 def _rules_for_this_loop(

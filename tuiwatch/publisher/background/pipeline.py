@@ -78,6 +78,8 @@ class Pipeline:
         self.status = "ok"
         self.error: str | None = None
         self._end: EndRecord | None = None
+        self._then: Callable[[], None] | None = None
+        self._collected = False  # closed by the finalizer of a Watch collected unclosed: the end is made here
         self._stopping = threading.Event()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -141,9 +143,7 @@ class Pipeline:
         :data:`STUCK_STORE_S`: on a hung disk, waiting longer only delays the
         exit of a run whose records are already lost.
         """
-        self._end = end
-        self._stopping.set()
-        self._wake()
+        self.close_soon(end)
         deadline = time.monotonic() + timeout_s
         while self._thread.is_alive():
             now = time.monotonic()
@@ -152,6 +152,14 @@ class Pipeline:
                 break
             self._thread.join(min(0.05, deadline - now))
         return not self._thread.is_alive()
+
+    def close_soon(self, end: EndRecord | None, *, then: Callable[[], None] | None = None) -> None:
+        """:meth:`close` without waiting for the thread; ``then`` is called on it after its last write. ``end`` None:
+        a finalizer's (it runs on whatever thread collected the Watch, this one included, and has nothing of the
+        Watch), ``finished`` with the counts of the last step records."""
+        self._end, self._then, self._collected = end, then, end is None
+        self._stopping.set()
+        self._wake()
 
     def sync(self, timeout_s: float) -> bool:
         """Wait until everything put so far is built, diagnosed and flushed; False on timeout.
@@ -183,6 +191,8 @@ class Pipeline:
             self._guard(self.server.close)
         self._guard(self._flush)
         self.sink.close()
+        if self._then is not None:
+            self._guard(self._then)
         self.buffer.release_syncs()
         self._selector.close()
         self._wake_r.close()
@@ -299,9 +309,23 @@ class Pipeline:
 
     def _write_end(self) -> None:
         self._write_counters(force=False)
-        if self._end is not None:
+        end = self._end_of_collected() if self._collected else self._end
+        if end is not None:
             counters = {k: v for k, v in self.counters_record().items() if k not in ("kind", "t")}
-            self._append([{**self._end, **counters}], last=True)
+            self._append([{**end, **counters}], last=True)
+
+    def _end_of_collected(self) -> EndRecord:
+        """The end of a Watch collected unclosed: ``steps`` and ``opt_steps`` as the last step records diagnosed say
+        them (0 where none does)."""
+        steps = opt_steps = 0
+        for record in reversed(self.recent):
+            if record.get("kind") != "step":
+                continue
+            steps = steps or record["step"] + 1
+            if record.get("opt_step") is not None:
+                opt_steps = record["opt_step"]
+                break
+        return {"kind": "end", "t": time.time(), "reason": "finished", "steps": steps, "opt_steps": opt_steps}
 
     def _guard(self, fn: Callable[[], Any]) -> None:
         try:
