@@ -157,6 +157,40 @@ def test_a_loop_that_measures_no_wait_says_not_measured(run_root: Path):
     assert "data wait  not measured (no watch.batches() or watch.fetching() in the loop)" in text
 
 
+@pytest.mark.parametrize("kept", [False, True])
+def test_a_batch_drawn_before_a_break_out_of_the_epoch_is_no_step(run_root: Path, kept: bool):
+    """Optuna's PyTorch examples limit each epoch's batches by breaking out after drawing one more
+    (``if batch_idx * BATCHSIZE >= N_TRAIN_EXAMPLES: break``): that batch was a step with no loss or update
+    every epoch. A break after a batch's step (pytorch/examples' ``--dry-run``) keeps it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)  # ten batches, in order: ids 0-3, 4-7, ...
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(3):
+            for batch_idx, (x, y) in enumerate(watch.batches(loader)):
+                if batch_idx >= 4:
+                    break
+                loss = nn.functional.cross_entropy(model(x), y)
+                watch.log(loss=loss)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if kept and batch_idx == 1:
+                    break  # after its step: a dry run's
+    steps = _steps(watch)
+    per_epoch = 2 if kept else 4
+    assert [r["step"] for r in steps] == list(range(3 * per_epoch))
+    assert [r["opt_step"] for r in steps] == list(range(1, 3 * per_epoch + 1))
+    assert all(r["loss"] is not None for r in steps)
+    assert [r["epoch"] for r in steps] == [e for e in range(3) for _ in range(per_epoch)]
+    assert [r["batch_ids"][0] for r in steps[: per_epoch + 1]] == [*range(0, 4 * per_epoch, 4), 0]
+    assert watch.ledger_path is not None
+    end = records(watch.ledger_path, "end")[0]
+    assert (end["steps"], end["opt_steps"]) == (3 * per_epoch, 3 * per_epoch)
+
+
 class WordLSTM(nn.Module):
     def __init__(self, vocab: int = 12, dim: int = 8):
         super().__init__()

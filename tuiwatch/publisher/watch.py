@@ -257,7 +257,15 @@ class Watch:
                     s = tracker.open(t1, at_boundary=True, data_wait_s=t1 - t0)
                     s.epoch = epoch
                     tracker.add_batch(s, batch, ids)
-                yield batch
+                try:
+                    yield batch
+                except GeneratorExit:
+                    # The loop left (a break) right after drawing this batch, before any use of it: a limit of batches
+                    # an epoch (Optuna's examples: `if batch_idx * BATCHSIZE >= N_TRAIN_EXAMPLES: break`) drew one
+                    # more that no step trains on. It was a step with no loss or update, one an epoch.
+                    if not folding and tracker.cur is s and before_its_work(s) and not s.metrics:
+                        tracker.discard()
+                    raise
         finally:
             tracker.end(clock())
 
