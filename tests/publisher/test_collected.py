@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copyreg
 import gc
+import socket
 import threading
 import weakref
 from pathlib import Path
@@ -118,3 +119,18 @@ def test_a_command_to_a_run_whose_watch_is_gone_is_refused_in_one_line():
     gc.collect()
     reply = on_command(command)
     assert (reply["ok"], reply["id"], reply["error"]) == (False, 7, "the run has ended")
+
+
+def test_a_run_ending_leaves_the_socket_of_a_later_run_of_the_same_name_in_place(run_root: Path, socket_dir: Path):
+    """A sweep whose trials share a name: the next trial's Watch binds the same socket path while the collected
+    one's thread is still closing. That thread removed the path, the new run's socket with it."""
+    model = nn.Linear(2, 2)
+    first = tuiwatch.Watch(model, run_dir=run_root, name="trial", system=False, quiet=True)
+    second = tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, name="trial", system=False, quiet=True)
+    assert first.socket_path == second.socket_path
+    first.close()
+    assert second.socket_path is not None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as viewer:
+        viewer.connect(str(second.socket_path))  # the second run is still reachable
+    second.close()
+    assert not second.socket_path.exists()

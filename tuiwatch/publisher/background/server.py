@@ -102,6 +102,15 @@ def bind_private_socket(path: Path) -> socket.socket:
     return sock
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode), or None if there is none."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 @dataclass
 class TcpListener:
     """The optional TCP listener and the token a peer must send first (see :mod:`tuiwatch.wire.tcp`)."""
@@ -143,6 +152,9 @@ class Server:
         lag_bytes: int = 16 << 20,
     ):
         self.path = path
+        # The socket file as bound: at close it is removed only if still there. A later Watch of the same name in
+        # this process (a sweep's next trial, while a collected one's thread closes) puts its own socket there.
+        self._made = _identity(path)
         self.store = store
         self.run_line = run_line
         self.on_command = on_command
@@ -418,8 +430,9 @@ class Server:
         # Listener first: a viewer that sees its connection end must not reconnect to a closing run.
         self.selector.unregister(self._listener)
         self._listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        if self._made is not None and _identity(self.path) == self._made:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
         if self._tcp is not None:
             self.selector.unregister(self._tcp.sock)
             self._tcp.sock.close()
