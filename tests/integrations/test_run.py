@@ -387,16 +387,19 @@ torch.manual_seed(0)
 x, y = torch.randn(256, 6), torch.randint(0, 3, (256,))
 loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
 first, second = nn.Linear(6, 3), nn.Linear(6, 3)
+kept = []
 
 def train(model, epochs):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if sys.argv[1] == "teacher kept":
+        kept.append(opt)  # the script holds on to the teacher's optimizer
     for _ in range(epochs):
         for xb, yb in loader:
             opt.zero_grad()
             nn.functional.cross_entropy(model(xb), yb).backward()
             opt.step()
 
-if sys.argv[1] == "teacher then student":  # the knowledge distillation tutorial's order
+if sys.argv[1] != "taking turns":  # the knowledge distillation tutorial's order (and an Optuna sweep's trials)
     train(first, 1)
     train(second, 3)
 else:  # Spinning Up's VPG: one policy step, then 80 value-function steps, every epoch
@@ -412,27 +415,50 @@ else:  # Spinning Up's VPG: one policy step, then 80 value-function steps, every
 """
 
 
-@pytest.mark.parametrize("order", ["teacher then student", "taking turns"])
+def test_a_model_trained_after_the_watched_one_is_a_run_of_its_own_once_the_first_optimizer_is_gone(
+    socket_dir: Path, tmp_path: Path
+):
+    # The knowledge distillation tutorial trains its teacher, then its student with another optimizer, each made in
+    # its train(): the teacher was watched (32 steps), and the student's 96 were named in one line as not watched.
+    script = tmp_path / "script.py"
+    script.write_text(ONE_MODEL_AFTER_ANOTHER)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), "teacher then student"], socket_dir)
+    assert done.returncode == 0, done.stderr
+    assert "since the watched one" not in done.stderr
+    ledgers = sorted((tmp_path / "runs").glob("*/ledger.jsonl"), key=lambda p: records(p, "run")[0]["t"])
+    assert len(ledgers) == 2
+    for ledger, steps, epochs in zip(ledgers, (32, 96), (1, 3), strict=True):
+        taken = records(ledger, "step")
+        assert len(taken) == steps
+        assert all(r["loss"] is not None and r["opt_step"] == r["step"] + 1 for r in taken)
+        assert [r["epoch"] for r in taken] == [e for e in range(epochs) for _ in range(32)]
+        assert all(r.get("batch_ids") is not None for r in taken[1:])  # (the first step's batch came before its Watch)
+        end = records(ledger, "end")
+        assert [(e["reason"], e["steps"], e["opt_steps"]) for e in end] == [("finished", steps, steps)]
+
+
+@pytest.mark.parametrize("order", ["teacher kept", "taking turns"])
 def test_another_model_trained_after_the_watched_one_is_named_as_not_watched(
     socket_dir: Path, tmp_path: Path, order: str
 ):
-    # The knowledge distillation tutorial trains its teacher, then its student with another optimizer: the teacher
-    # was watched (32 steps) and the student's 96 steps were left out without a word, the viewer stalled at step 31.
+    # While the script holds the watched optimizer, it may step again: a second model trained meanwhile is named in one
+    # line, once it has stepped many times alone, and optimizers that take turns are not.
     script = tmp_path / "script.py"
     script.write_text(ONE_MODEL_AFTER_ANOTHER)
     done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), order], socket_dir)
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if "since the watched one" in line]
-    if order == "teacher then student":
+    if order == "teacher kept":
         assert said == [
             "tuiwatch run: another optimizer (SGD) has stepped 50 times since the watched one (SGD over Linear) last "
             "did, at step 31: its model is not watched. A script that trains one model after another (a teacher, "
-            "then its student) is watched for the first; the three lines in the second's loop watch that one"
+            "then its student) is watched for the next once it lets go of the first one's optimizer; while it keeps "
+            "it, the three lines in the second's loop watch that one"
         ]
     else:
         assert said == []  # 80 steps of the other between two of the watched one's, from the start: taking turns
     steps = records(ledger_file(tmp_path / "runs"), "step")
-    assert len(steps) == (32 if order == "teacher then student" else 4)
+    assert len(steps) == (32 if order == "teacher kept" else 4)
     # The student's batches open no step of the teacher's: each is undone when the student's optimizer steps on it,
     # so the last step opened is the teacher's 31, as the line says (before, they all folded into one open step 32,
     # its ids one batch longer at every student step, left out of the ledger at the end).

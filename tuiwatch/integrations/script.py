@@ -8,7 +8,10 @@ side, through hooks and patches that last while the script runs:
   the script's first optimizer step. Its hooks (pre-clip norm, lr, parameter
   and update norms, the non-finite check) are the Watch's own. Optimizers
   alive then that step the model's parameters and no others (torch's ``Muon``
-  for the matrices beside ``AdamW`` for the rest) are watched with it;
+  for the matrices beside ``AdamW`` for the rest) are watched with it. Once
+  the script lets go of that optimizer (a sweep's trial, a teacher's
+  ``train()`` returned), its run ends, and the next optimizer to step starts
+  another run the same way;
 - the **model** is the outermost module that holds the optimizer's
   parameters (the fewest other parameters if several do), or that holds
   them with those of the optimizers whose parameters the same backward
@@ -314,11 +317,17 @@ class ScriptWatch:
 
     def __init__(self, **watch_options: Any):
         self.options = watch_options
-        self.watch: Watch | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
+        # The Watch and its optimizer, held weakly: a script that trains one model after another lets go of the
+        # first one's optimizer (a trial's, a teacher's train() returned), and with it the Watch (the optimizer's
+        # hooks hold it), which ends its run (publisher/collected.py); the next optimizer to step starts another.
+        self._watch: weakref.ref[Watch] | None = None
+        self._optimizer: weakref.ref[torch.optim.Optimizer] | None = None
+        self.runs = 0  # the Watches made
+        self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # other optimizers seen stepping since the last one
         self.declined = False  # the script has a Watch of its own: it is left to it
         self.loss = BackwardLoss()
         self.epochs = 0  # training epochs begun: a training loader's first batch of an iteration
+        self._epochs_stepped = 0  # ... when the watched optimizer last stepped
         self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
         self._one_ahead: weakref.WeakKeyDictionary[Any, _Ahead] = weakref.WeakKeyDictionary()
         self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
@@ -380,14 +389,50 @@ class ScriptWatch:
         """Whether the open step ``s`` neither backpropagated nor stepped the optimizer."""
         return s.opt_step is None and self.loss.total is None
 
+    def _next_run(self) -> None:
+        """The watched optimizer is gone (its Watch, collected, has ended its run): what was kept about the run is
+        forgotten before the next optimizer to step starts another (the next trial of a sweep, a student after its
+        teacher)."""
+        gc.collect()  # the Watch, in the same cycle as its optimizer: its finalizer ends the run now
+        if self._forward_hook is not None:
+            self._forward_hook.remove()  # the last model's step opener
+            self._forward_hook = None
+        self._drop_held()
+        # Epochs begun since the last run's last step are the next run's, at least the one its first step is in: its
+        # first batch was drawn before this step, often while the last run's model, still there and in eval mode
+        # after its last validation, made it look like a validation batch (not counted).
+        self.epochs = max(self.epochs - self._epochs_stepped, 1)
+        self._epochs_stepped = 0
+        self._watch = self._optimizer = None
+        self._others = weakref.WeakSet()
+        self._beside, self._ending, self._ending_left = set(), None, 0
+        self._opened, self._steps_ended, self._step_opened, self._step_dataset = None, 0, False, None
+        self._others_since = self._longest_between = 0
+        self._said_others = False
+
     # --- the optimizer: the Watch's start, and each step's end ------------------------
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-        if self.optimizer is None and not self.declined:
+        watched = self.optimizer
+        if watched is None and not self.declined:
+            if self.runs:
+                self._next_run()  # the watched optimizer is gone, and its run ended with it
             self._start(optimizer)
-        if optimizer is not self.optimizer or self.watch is None:
+            watched = self.optimizer
+        elif optimizer is not watched and not self.declined and optimizer not in self._others:
+            self._others.add(optimizer)
+            # A new optimizer (once each): is the watched one's script done with it? A trial's or a teacher's is
+            # garbage in a cycle (it and the Watch its hooks hold) until a collection, so one is made now.
+            watched = None  # (not held here meanwhile)
+            gc.collect()
+            if self.optimizer is None:
+                self._next_run()
+                self._start(optimizer)
+                watched = self.optimizer
+        watch = self.watch
+        if optimizer is not watched or watch is None:
             return None
-        self._end_pending(self.watch)  # an optimizer beside it did not step last time: that step ends here
+        self._end_pending(watch)  # an optimizer beside it did not step last time: that step ends here
         self.loss.held = False  # (a step that raised after its closure's first call never reached take())
         closure = step_closure(args, kwargs)
         if closure is None:
@@ -423,7 +468,7 @@ class ScriptWatch:
             # it steps again first.
             self._passed.add(id(optimizer))
             return
-        self.optimizer = optimizer
+        self._optimizer = weakref.ref(optimizer)
         others = other_optimizers(optimizer, objects)
         model = model_of_one_backward(optimizer, others, objects) or model
         beside = [] if isinstance(model, BareTensors) else steps_beside(model, others)
@@ -450,7 +495,7 @@ class ScriptWatch:
         # Made inside this step's pre-hooks: torch runs the optimizer's own pre-hooks after the global ones, so
         # the Watch's (registered now) already measure this step.
         try:
-            self.watch = Watch(
+            watch = Watch(
                 model,
                 optimizers if beside else optimizer,
                 scheduler=schedulers if len(schedulers) > 1 else next(iter(schedulers), None),
@@ -465,6 +510,8 @@ class ScriptWatch:
             self.loss.enabled = False
             print(f"tuiwatch run: cannot watch this run ({exc}); it runs unwatched", file=sys.stderr)
             return
+        self._watch = weakref.ref(watch)
+        self.runs += 1
         self._beside = {id(o) for o in beside}
         if left_out:
             print(f"tuiwatch run: {left_out}", file=sys.stderr)
@@ -494,6 +541,7 @@ class ScriptWatch:
             watch.log(loss=loss)
         self._opened = None  # an optimizer step: its batches were training's
         self._steps_ended += 1
+        self._epochs_stepped = self.epochs
         if not self._step_opened and self._steps_ended > 1 and self._forward_hook is None:
             self._open_steps_at_forwards(watch)
         if self._step_dataset is not None:
@@ -529,7 +577,8 @@ class ScriptWatch:
             f"tuiwatch run: another optimizer ({type(optimizer).__name__}) has stepped {alone} times since the "
             f"watched one ({type(self.optimizer).__name__} over {type(watch.model).__name__}) last did, at step "
             f"{last}: its model is not watched. A script that trains one model after another (a teacher, then its "
-            "student) is watched for the first; the three lines in the second's loop watch that one",
+            "student) is watched for the next once it lets go of the first one's optimizer; while it keeps it, the "
+            "three lines in the second's loop watch that one",
             file=sys.stderr,
         )
 
@@ -678,6 +727,14 @@ class ScriptWatch:
                 pickling.hide_hooks(type(target), is_forward_hook)
                 self._held_hooks.append((handle, type(target)))
 
+    @property
+    def watch(self) -> Watch | None:
+        return self._watch() if self._watch is not None else None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self._optimizer() if self._optimizer is not None else None
+
     def _forward_after_held(self, module: Any, args: Any, kwargs: Any) -> None:
         """The model's first forward since batches were held: in training mode, they were a step's."""
         held = self._held
@@ -734,6 +791,8 @@ def run_script(
         hooks.remove()
         if hooks.watch is not None:
             hooks.close(reason)
+        elif hooks.runs:
+            pass  # each run ended when the script let go of its optimizer
         elif status != 0:
             # A script that failed before training (a bad argument, a missing file): its own error says why;
             # the advice below would send its user to the three lines for nothing.
