@@ -323,6 +323,7 @@ class ScriptWatch:
         self._watch: weakref.ref[Watch] | None = None
         self._optimizer: weakref.ref[torch.optim.Optimizer] | None = None
         self.runs = 0  # the Watches made
+        self.last: Watch | None = None  # the current run's Watch, held once the script has returned
         self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # other optimizers seen stepping since the last one
         self.declined = False  # the script has a Watch of its own: it is left to it
         self.loss = BackwardLoss()
@@ -771,7 +772,12 @@ def run_script(
     status, reason = 0, "finished"
     try:
         with _as_main(target, args, module=module) as run:
-            run()
+            try:
+                run()
+            finally:
+                # The script is done (or failing): its last run ends with its reason, below, not when its optimizer,
+                # a global of the script's namespace now being let go of, is collected.
+                hooks.last = hooks.watch
     except SystemExit as exc:
         status = _exit_status(exc.code)
         reason = "finished" if status == 0 else process.end_reason(SystemExit)
