@@ -191,6 +191,46 @@ def test_a_batch_drawn_before_a_break_out_of_the_epoch_is_no_step(run_root: Path
     assert (end["steps"], end["opt_steps"]) == (3 * per_epoch, 3 * per_epoch)
 
 
+@pytest.mark.parametrize("reason", ["exception", "finished"])
+@pytest.mark.parametrize("where", ["before the forward", "in the forward"])
+def test_a_step_left_by_an_exception_is_the_step_the_run_failed_in(run_root: Path, where: str, reason: str):
+    """An exception raised in a step before the model's forward returned leaves the loader just as a break does;
+    that step is kept, its batch with it: the one to look at."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    watch = Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
+    with pytest.raises(KeyError):
+        for batch_idx, (x, y) in enumerate(watch.batches(loader)):
+            if batch_idx == 3:
+                if where == "before the forward":
+                    raise KeyError("a bad sample")  # the loop's own code, say its preprocessing
+                model.register_forward_pre_hook(_bad_sample)
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    # As the context manager or the exit hook close it; a loop that catches the exception and calls close() itself
+    # keeps the step when the model's forward raised (an OOM: its alert names that step), not when its own code did.
+    kept = where == "in the forward" or reason == "exception"
+    watch.close(reason)
+    steps = _steps(watch)
+    assert [r["step"] for r in steps] == [0, 1, 2, 3][: 4 if kept else 3]
+    if kept:
+        assert steps[3]["batch_ids"] == [12, 13, 14, 15]
+        assert steps[3].get("loss") is None
+    assert watch.ledger_path is not None
+    ends = [(e["reason"], e["steps"]) for e in records(watch.ledger_path, "end")]
+    assert ends == [(reason, 4 if kept else 3)]
+
+
+def _bad_sample(module: nn.Module, args: object) -> None:
+    raise KeyError("a bad sample")  # raised inside the model's call
+
+
 class WordLSTM(nn.Module):
     def __init__(self, vocab: int = 12, dim: int = 8):
         super().__init__()

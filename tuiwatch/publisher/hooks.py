@@ -663,6 +663,9 @@ class ModelHooks:
             failure = sys.exc_info()[1]  # always_call: the forward is raising
             if failure is not None and process.is_oom(failure):
                 self.failures.record_oom(failure)
+            s = self.tracker.cur
+            if s is not None:
+                s.forward_raised = True  # the step the run fails in, though its forward never returned (batches())
             return None
         tracker = self.tracker
         training = module.training

@@ -80,6 +80,7 @@ class StepState:
     t_end = 0.0
     # perf_counter() at the phase boundaries: the model's first forward returned, the optimizer began and ended
     forwards = 0
+    forward_raised = False  # a forward of the model raised in this step (an OOM, a bad input)
     forward_end: float | None = None
     opt_start: float | None = None
     opt_end: float | None = None

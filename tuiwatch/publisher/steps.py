@@ -43,6 +43,7 @@ class StepTracker:
         self.opt_steps = 0
         self.batch_index = 0  # batches drawn in the current epoch: the data position of a checkpoint
         self.cur: StepState | None = None
+        self.left: StepState | None = None  # a step whose batch the loop left unused (leave()), until the next opens
         self.eval: EvalState | None = None
         # The model's mode at its last forward: a validation block without a forward of its own logs numbers
         # computed before it, and an evaluation that put the model back in train() before returning them ran in
@@ -69,6 +70,8 @@ class StepTracker:
         self.fetch_s = (self.fetch_s or 0.0) + seconds
 
     def open(self, start: float, *, at_boundary: bool = False, data_wait_s: float | None = None) -> StepState:
+        if self.left is not None:
+            self._forget_left()
         s = StepState(self.step, start)
         s.measured = not self.step % self.every
         if at_boundary and self.cuda_index is not None and s.measured:
@@ -180,6 +183,32 @@ class StepTracker:
         if s is not None:
             self.cur = None
             self.step -= 1
+            self.recent.forget(s.step)
+            if self.last_batch is not None and self.last_batch.step == s.step:
+                self.last_batch = None
+
+    def leave(self) -> None:
+        """The loop left its loader right after drawing the open step's batch, before any use of it (a break out of
+        the epoch): that step is not recorded and its number goes to the next. It is set aside until the next step
+        opens, because a loop may be leaving by an exception: the run then ends in that step (put_back())."""
+        s = self.cur
+        if s is not None:
+            self.cur = None
+            self.step -= 1
+            self.left = s
+
+    def put_back(self) -> None:
+        """The run ends by an exception (close()): the step leave() set aside is the one it failed in."""
+        s, self.left = self.left, None
+        if s is not None and self.cur is None and self.step == s.step:
+            self.cur = s
+            self.step += 1
+
+    def _forget_left(self) -> None:
+        """The loop went on: the step set aside was a batch it did not use. Its batch is no longer one a dump of its
+        number could find (the next step's, kept after this, has it)."""
+        s, self.left = self.left, None
+        if s is not None:
             self.recent.forget(s.step)
             if self.last_batch is not None and self.last_batch.step == s.step:
                 self.last_batch = None

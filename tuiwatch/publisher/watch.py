@@ -260,11 +260,18 @@ class Watch:
                 try:
                     yield batch
                 except GeneratorExit:
-                    # The loop left (a break) right after drawing this batch, before any use of it: a limit of batches
-                    # an epoch (Optuna's examples: `if batch_idx * BATCHSIZE >= N_TRAIN_EXAMPLES: break`) drew one
-                    # more that no step trains on. It was a step with no loss or update, one an epoch.
-                    if not folding and tracker.cur is s and before_its_work(s) and not s.metrics:
-                        tracker.discard()
+                    # The loop left right after drawing this batch, before any use of it: a limit of batches an epoch
+                    # (Optuna's examples: `if batch_idx * BATCHSIZE >= N_TRAIN_EXAMPLES: break`) drew one more that no
+                    # step trains on, a step with no loss or update every epoch. Or an exception raised before the
+                    # model's forward: then close() puts the step back, the one the run failed in.
+                    if (
+                        not folding
+                        and tracker.cur is s
+                        and before_its_work(s)
+                        and not s.metrics
+                        and not s.forward_raised
+                    ):
+                        tracker.leave()
                     raise
         finally:
             tracker.end(clock())
@@ -523,7 +530,9 @@ class Watch:
         tracker = self._tracker
         if tracker.off:
             return
-        if self.should_stop and reason == "finished":
+        if reason != "finished":
+            tracker.put_back()  # a step the loop left by this exception (batches())
+        elif self.should_stop:
             reason = "stopped"  # the loop ended because a viewer asked it to
         self._finalizer.detach()
         tracker.end(time.perf_counter())
