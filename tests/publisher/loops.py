@@ -22,3 +22,19 @@ def train_step(
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+
+
+def train_batches(
+    watch: Watch, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, *, clip: float | None = None
+) -> None:
+    """``steps`` steps of a 2-input, 2-class model through ``watch.batches()``, on seeded batches of 4."""
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(steps)]
+    for x, y in watch.batches(batches):
+        loss = nn.functional.cross_entropy(model(x), y)
+        watch.log(loss=loss)
+        loss.backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad()

@@ -27,27 +27,21 @@ from tuiwatch.publisher.commands import refused_after_end
 from tuiwatch.wire.protocol import Command
 
 from ..helpers import records, wait_until
+from .loops import train_batches
 
 
 def _publisher_threads() -> int:
     return sum(t.name == "tuiwatch-publisher" for t in threading.enumerate())
 
 
-def _trial(run_root: Path, steps: int, *, unassigned: bool = False) -> dict[str, Any]:
-    """One trial of a sweep: a model, its optimizer and a Watch, trained and left unclosed."""
+def _trial(run_root: Path, steps: int) -> dict[str, Any]:
+    """One trial of a sweep: a model, its optimizer and a Watch, trained (clipping: torch's function is wrapped) and
+    left unclosed."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     watch = tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(steps)]
-    for x, y in watch.batches(batches):
-        loss = nn.functional.cross_entropy(model(x), y)
-        watch.log(loss=loss)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-        optimizer.step()
-        optimizer.zero_grad()
+    train_batches(watch, model, optimizer, steps, clip=10.0)
     return {"model": model, "ledger": watch.ledger_path, "socket": watch.socket_path}
 
 

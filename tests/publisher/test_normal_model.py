@@ -22,6 +22,7 @@ from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.hooks import ForwardHook
 
 from ..helpers import records
+from .loops import train_batches
 
 
 def _watched(run_root: Path) -> tuple[nn.Module, torch.optim.Optimizer, tuiwatch.Watch]:
@@ -31,17 +32,6 @@ def _watched(run_root: Path) -> tuple[nn.Module, torch.optim.Optimizer, tuiwatch
     return model, optimizer, tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False)
 
 
-def _train(watch: tuiwatch.Watch, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
-    g = torch.Generator().manual_seed(1)
-    batches = [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(steps)]
-    for x, y in watch.batches(batches):
-        loss = nn.functional.cross_entropy(model(x), y)
-        watch.log(loss=loss)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
 def _steps(watch: tuiwatch.Watch) -> list[Record]:
     assert watch.ledger_path is not None
     return records(watch.ledger_path, "step")
@@ -49,7 +39,7 @@ def _steps(watch: tuiwatch.Watch) -> list[Record]:
 
 def test_a_watched_model_pickles_deep_copies_and_saves_whole(run_root: Path, socket_dir: Path):
     model, optimizer, watch = _watched(run_root)
-    _train(watch, model, optimizer, 3)
+    train_batches(watch, model, optimizer, 3)
     x = torch.randn(5, 2)
     saved = io.BytesIO()
     torch.save(model, saved)  # word_language_model's end of epoch
@@ -63,7 +53,7 @@ def test_a_watched_model_pickles_deep_copies_and_saves_whole(run_root: Path, soc
         assert torch.equal(clone(x), model(x))
     restored = pickle.loads(pickle.dumps(optimizer))  # noqa: S301 - the bytes this test just made
     assert restored.state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
-    _train(watch, model, optimizer, 2)  # the run goes on as before
+    train_batches(watch, model, optimizer, 2)  # the run goes on as before
     watch.close()
     assert [s["step"] for s in _steps(watch)] == [0, 1, 2, 3, 4]
 
@@ -100,7 +90,7 @@ def users_hook(module: nn.Module, args: object, output: object) -> None:
 def test_a_saved_watched_model_holds_nothing_of_tuiwatch_and_loads_weights_only(run_root: Path, socket_dir: Path):
     # word_language_model reloads its best model with torch.load(weights_only=True) and safe_globals.
     model, optimizer, watch = _watched(run_root)
-    _train(watch, model, optimizer, 2)
+    train_batches(watch, model, optimizer, 2)
     saved = io.BytesIO()
     torch.save(model, saved)
     assert b"tuiwatch" not in saved.getvalue()
@@ -150,7 +140,7 @@ def test_a_compiled_model_is_watched_under_its_own_class_name(run_root: Path, so
     compiled = cast(nn.Module, torch.compile(model, backend="eager"))  # eager: no C++ toolchain needed
     optimizer = torch.optim.SGD(compiled.parameters(), lr=0.1)
     watch = tuiwatch.Watch(compiled, optimizer, run_dir=run_root, system=False)
-    _train(watch, compiled, optimizer, 3)
+    train_batches(watch, compiled, optimizer, 3)
     watch.close()
     assert watch.run_record["model"] == "Sequential"
     steps = _steps(watch)
@@ -167,7 +157,7 @@ def test_a_watched_model_scripts_without_the_watchs_hooks_and_stays_watched(run_
     # A script that saves torch.jit.script(model) after training raised in get_hook_stubs ('ForwardHook' object
     # has no attribute '__name__'): under tuiwatch run the Watch is attached until the script ends.
     model, optimizer, watch = _watched(run_root)
-    _train(watch, model, optimizer, 2)
+    train_batches(watch, model, optimizer, 2)
     ours = model.register_forward_pre_hook(ForwardHook(users_hook), with_kwargs=True)  # an integration's
     x = torch.randn(5, 2)
     scripted = torch.jit.script(model)
@@ -188,7 +178,7 @@ def test_a_watched_model_scripts_without_the_watchs_hooks_and_stays_watched(run_
     assert [type(h) for h in model._forward_hooks.values()] == [ForwardHook]
     assert [type(h) for h in model._forward_pre_hooks.values()] == [ForwardHook]
     ours.remove()
-    _train(watch, model, optimizer, 2)  # still watched: the forward probe is read at each step
+    train_batches(watch, model, optimizer, 2)  # still watched: the forward probe is read at each step
     watch.close()
     steps = _steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
