@@ -317,38 +317,43 @@ class ScriptWatch:
 
     def __init__(self, **watch_options: Any):
         self.options = watch_options
+        self.runs = 0  # the Watches made
+        self.held_at_end: Watch | None = None  # the current run's Watch, held once the script has returned
+        self.declined = False  # the script has a Watch of its own: it is left to it
+        self.loss = BackwardLoss()
+        self.epochs = 0  # training epochs begun: a training loader's first batch of an iteration
+        self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
+        self._one_ahead: weakref.WeakKeyDictionary[Any, _Ahead] = weakref.WeakKeyDictionary()
+        self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
+        # The datasets whose batches steps trained on. A batch from one drawn while the model is in eval mode may
+        # be training's (the Trainer fetches the batches after an evaluation before it calls model.train()) or
+        # an evaluation's on the training set (minGPT's adder): it is held until the model's next forward says.
+        self._trained_on: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._first_data: Any = None  # before the Watch: the data whose iteration began last
+        self._held: list[tuple[Any, Any, list[int] | None, float, bool]] = []  # (dataset, batch, ids, wait, first)
+        self._held_hooks: list[tuple[Any, type]] = []  # (handle, the module class whose copies leave it out)
+        self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
+        self._passed: set[int] = set()  # optimizers over bare tensors left for one over a module's parameters
+        self._undo: list[Callable[[], None]] = []
+        self._new_run()
+
+    def _new_run(self) -> None:
+        """What is kept about one run: none yet, or the next after the last ended (_next_run)."""
         # The Watch and its optimizer, held weakly: a script that trains one model after another lets go of the
         # first one's optimizer (a trial's, a teacher's train() returned), and with it the Watch (the optimizer's
         # hooks hold it), which ends its run (publisher/collected.py); the next optimizer to step starts another.
         self._watch: weakref.ref[Watch] | None = None
         self._optimizer: weakref.ref[torch.optim.Optimizer] | None = None
-        self.runs = 0  # the Watches made
-        self.last: Watch | None = None  # the current run's Watch, held once the script has returned
-        self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # other optimizers seen stepping since the last one
-        self.declined = False  # the script has a Watch of its own: it is left to it
-        self.loss = BackwardLoss()
-        self.epochs = 0  # training epochs begun: a training loader's first batch of an iteration
-        self._epochs_stepped = 0  # ... when the watched optimizer last stepped
-        self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
-        self._one_ahead: weakref.WeakKeyDictionary[Any, _Ahead] = weakref.WeakKeyDictionary()
-        self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
+        self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # other optimizers seen stepping in this run
+        self._epochs_stepped = 0  # ``epochs`` when the watched optimizer last stepped
         self._step_opened = False  # a loader's batch (or, without one, the first training forward) opened it
-        # The datasets whose batches steps trained on. A batch from one drawn while the model is in eval mode may
-        # be training's (the Trainer fetches the batches after an evaluation before it calls model.train()) or
-        # an evaluation's on the training set (minGPT's adder): it is held until the model's next forward says.
-        self._trained_on: weakref.WeakSet[Any] = weakref.WeakSet()
         self._step_dataset: Any = None
-        self._first_data: Any = None  # before the Watch: the data whose iteration began last
-        self._held: list[tuple[Any, Any, list[int] | None, float, bool]] = []  # (dataset, batch, ids, wait, first)
-        self._held_hooks: list[tuple[Any, type]] = []  # (handle, the module class whose copies leave it out)
         # An evaluator may draw its first batch before it calls model.eval() (ignite's create_supervised_evaluator
         # does): drawn in training mode, it opens a step. If the model then runs forwards in eval mode only until
         # the next batch comes, that batch was the evaluation's, and its step is undone.
         self._opened: _Opened | None = None
         self._steps_ended = 0
         self._forward_hook: Any = None
-        self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
-        self._passed: set[int] = set()  # optimizers over bare tensors left for one over a module's parameters
         self._others_since = 0  # steps of other optimizers (not beside it) since the watched one last stepped
         self._longest_between = 0  # ... the most of them between two of its steps
         self._said_others = False
@@ -356,7 +361,6 @@ class ScriptWatch:
         self._beside: set[int] = set()
         self._ending: StepState | None = None  # the step the first optimizer stepped in, until the others have
         self._ending_left = 0
-        self._undo: list[Callable[[], None]] = []
 
     # --- installing ------------------------------------------------------------------
 
@@ -393,23 +397,15 @@ class ScriptWatch:
     def _next_run(self) -> None:
         """The watched optimizer is gone (its Watch, collected, has ended its run): what was kept about the run is
         forgotten before the next optimizer to step starts another (the next trial of a sweep, a student after its
-        teacher)."""
-        gc.collect()  # the Watch, in the same cycle as its optimizer: its finalizer ends the run now
+        teacher). The Watch went with its optimizer (it holds it): nothing to collect."""
         if self._forward_hook is not None:
             self._forward_hook.remove()  # the last model's step opener
-            self._forward_hook = None
         self._drop_held()
         # Epochs begun since the last run's last step are the next run's, at least the one its first step is in: its
         # first batch was drawn before this step, often while the last run's model, still there and in eval mode
         # after its last validation, made it look like a validation batch (not counted).
         self.epochs = max(self.epochs - self._epochs_stepped, 1)
-        self._epochs_stepped = 0
-        self._watch = self._optimizer = None
-        self._others = weakref.WeakSet()
-        self._beside, self._ending, self._ending_left = set(), None, 0
-        self._opened, self._steps_ended, self._step_opened, self._step_dataset = None, 0, False, None
-        self._others_since = self._longest_between = 0
-        self._said_others = False
+        self._new_run()
 
     # --- the optimizer: the Watch's start, and each step's end ------------------------
 
@@ -777,7 +773,7 @@ def run_script(
             finally:
                 # The script is done (or failing): its last run ends with its reason, below, not when its optimizer,
                 # a global of the script's namespace now being let go of, is collected.
-                hooks.last = hooks.watch
+                hooks.held_at_end = hooks.watch
     except SystemExit as exc:
         status = _exit_status(exc.code)
         reason = "finished" if status == 0 else process.end_reason(SystemExit)

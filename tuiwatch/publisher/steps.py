@@ -179,13 +179,9 @@ class StepTracker:
         """Forget the open step, the last one opened, as if it never was (``tuiwatch run``'s trailing batch that no
         optimizer step used, an evaluator's first batch): its number goes to the next step, and its batch is no
         longer one a dump of that number could find."""
-        s = self.cur
-        if s is not None:
-            self.cur = None
-            self.step -= 1
-            self.recent.forget(s.step)
-            if self.last_batch is not None and self.last_batch.step == s.step:
-                self.last_batch = None
+        if self.cur is not None:
+            self.leave()
+            self._forget_left()
 
     def leave(self) -> None:
         """The loop left its loader right after drawing the open step's batch, before any use of it (a break out of
