@@ -50,6 +50,14 @@ def _ended(ledger: Path) -> Record | None:
     return last if last["kind"] == "end" else None
 
 
+def _wait_closed(ledger: Path, socket_path: Path | None) -> Record:
+    """The end record, and then the thread's last act: its socket removed (it is written before the socket closes)."""
+    end = wait_until(lambda: _ended(ledger), what="the end record")
+    assert socket_path is not None
+    wait_until(lambda: not socket_path.exists(), what="the run's socket to be removed")
+    return end
+
+
 def test_a_watch_let_go_of_unclosed_ends_its_run_and_frees_its_model(run_root: Path, socket_dir: Path):
     before = _publisher_threads()
     trial = _trial(run_root, 5)
@@ -71,7 +79,7 @@ def test_a_model_kept_after_its_watch_was_collected_is_a_plain_model_again(run_r
     trial = _trial(run_root, 3)
     model: nn.Module = trial.pop("model")  # the trial's best model, kept; the Watch and the optimizer let go
     gc.collect()
-    wait_until(lambda: _ended(trial["ledger"]), what="the end record")
+    _wait_closed(trial["ledger"], trial["socket"])
     assert not model._forward_hooks
     assert not model._forward_hooks_always_called
     assert type(model) not in copyreg.dispatch_table  # its copies pickle as torch's own again
@@ -86,6 +94,7 @@ def test_an_unassigned_watch_keeps_watching_while_its_optimizer_lives(run_root: 
     tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)  # the optimizer's hooks hold it
     gc.collect()
     assert [w.model for w in process.watches if w.model is model] == [model]
+    socket_path = next(w.socket_path for w in process.watches if w.model is model)
     for _ in range(3):
         model(torch.randn(4, 2)).sum().backward()
         optimizer.step()
@@ -95,7 +104,7 @@ def test_an_unassigned_watch_keeps_watching_while_its_optimizer_lives(run_root: 
     assert model._forward_hooks
     del optimizer
     gc.collect()
-    wait_until(lambda: _ended(ledger), what="the end record")
+    _wait_closed(ledger, socket_path)
     assert not [w for w in process.watches if w.model is model]
     assert not model._forward_hooks
 
