@@ -22,6 +22,7 @@ from torch import nn
 import tuiwatch
 from tuiwatch.ledger.records import Record
 from tuiwatch.publisher import clipping, process
+from tuiwatch.publisher.background.server import bind_private_socket
 from tuiwatch.publisher.collected import weakly
 from tuiwatch.publisher.commands import refused_after_end
 from tuiwatch.wire.protocol import Command
@@ -124,16 +125,19 @@ def test_a_command_to_a_run_whose_watch_is_gone_is_refused_in_one_line():
     assert (reply["ok"], reply["id"], reply["error"]) == (False, 7, "the run has ended")
 
 
-def test_a_run_ending_leaves_the_socket_of_a_later_run_of_the_same_name_in_place(run_root: Path, socket_dir: Path):
-    """A sweep whose trials share a name: the next trial's Watch binds the same socket path while the collected
-    one's thread is still closing. That thread removed the path, the new run's socket with it."""
-    model = nn.Linear(2, 2)
-    first = tuiwatch.Watch(model, run_dir=run_root, name="trial", system=False, quiet=True)
-    second = tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, name="trial", system=False, quiet=True)
-    assert first.socket_path == second.socket_path
-    first.close()
-    assert second.socket_path is not None
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as viewer:
-        viewer.connect(str(second.socket_path))  # the second run is still reachable
-    second.close()
-    assert not second.socket_path.exists()
+def test_a_run_ending_leaves_a_socket_bound_over_its_path_in_place(run_root: Path, socket_dir: Path):
+    """A sweep whose trials share a name: the next trial's Watch bound the same socket path while the collected
+    one's thread was still closing, and that thread removed the path, the new run's socket with it. The next trial
+    now takes a name of its own (tests/wire/test_socket_names.py); a run's close still removes only the file it
+    bound."""
+    first = tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, name="trial", system=False, quiet=True)
+    assert first.socket_path is not None
+    path = first.socket_path
+    later = bind_private_socket(path)  # another listener took the path over
+    try:
+        first.close()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as viewer:
+            viewer.connect(str(path))  # the later listener is still reachable
+    finally:
+        later.close()
+        path.unlink()

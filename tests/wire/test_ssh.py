@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch import nn
 
+import tuiwatch
 from tuiwatch.viewer.sources import CommandSource
 from tuiwatch.wire.discovery import choose_remote_run, parse_remote
 
@@ -113,3 +115,33 @@ def test_a_target_that_is_an_ssh_option_is_refused_before_ssh_runs(socket_dir: P
     remote = parse_remote("gpu-box:run", "ssh -p 2222")
     assert remote is not None
     assert remote.argv("relay", "7")[:5] == ["ssh", "-p", "2222", "-T", "--"]  # the host is never read as an option
+
+
+def test_two_runs_of_one_name_in_one_process_on_a_host_are_told_apart_by_their_sockets(
+    sshd: Sshd, run_root: Path, socket_dir: Path
+):
+    watches = [tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, name="twin", system=False, quiet=True) for _ in "ab"]
+    try:
+        out = tw(
+            socket_dir, "attach", f"{sshd.host}:twin", "--ssh", sshd.ssh, "--remote-tuiwatch", sshd.remote_tuiwatch
+        )
+        assert out.returncode == 1
+        assert out.stderr.startswith(f"tuiwatch: error: 2 live runs named 'twin' on {sshd.host} (pid ")
+        assert out.stderr.endswith(f"attach {sshd.host}:PID, or {sshd.host}:SOCKET for two in one process\n")
+        later = watches[1]
+        remote = parse_remote(f"{sshd.host}:{later.socket_path}", sshd.ssh, sshd.remote_tuiwatch)
+        assert remote is not None
+        chosen = choose_remote_run(remote)
+        assert chosen.socket == str(later.socket_path)
+        # What attach then runs there: the relay of that socket, not of the pid the two runs share.
+        relay = subprocess.Popen(
+            remote.argv("relay", chosen.socket), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env_for(socket_dir)
+        )
+        assert relay.stdout is not None
+        first = json.loads(relay.stdout.readline())
+        assert (first["kind"], first["run_dir"]) == ("run", str(later.run_dir))
+        relay.kill()
+        relay.wait()
+    finally:
+        for watch in watches:
+            watch.close()

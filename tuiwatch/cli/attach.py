@@ -193,7 +193,8 @@ def _attach_remote(remote: Remote, ranks: set[int] | None, viewer: dict[str, Any
     chosen = choose_remote_run(remote)
     if chosen.world_size and chosen.world_size > 1 and chosen.rank is not None and remote.name != str(chosen.pid):
         return _attach_job([remote], ranks, viewer)
-    source = CommandSource(remote.argv("relay", str(chosen.pid)), f"{remote.host}:{chosen.name}")
+    # By its socket, not its pid: two Watches of one process are two runs of one pid.
+    source = CommandSource(remote.argv("relay", chosen.socket), f"{remote.host}:{chosen.name}")
     return TuiwatchApp(source, **viewer).run_viewer()
 
 

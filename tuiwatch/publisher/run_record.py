@@ -19,7 +19,7 @@ from tuiwatch.publisher.atomic import modes
 from tuiwatch.publisher.optimizers import optimizer_name
 from tuiwatch.publisher.ranks import Ranks, holds_shards
 from tuiwatch.publisher.seeding import last_seeding
-from tuiwatch.wire.socketdir import safe_name
+from tuiwatch.wire.socketdir import parse_socket_name, safe_name
 
 
 def default_name() -> str:
@@ -81,7 +81,10 @@ def start_line(
     else:
         where = f"ledger {ledger}" if ledger is not None else "no ledger file (run_dir=None)"
     if socket_path is not None:
-        return f"tuiwatch: {name}: {where}; watch it with: tuiwatch attach {name}"
+        # Another run of this process has the name (free_socket_path): the name would ask which, the path does not.
+        entry = parse_socket_name(socket_path)
+        target = name if entry is not None and entry.name == safe_name(name) else str(socket_path)
+        return f"tuiwatch: {name}: {where}; watch it with: tuiwatch attach {target}"
     replay = f"; replay it with: tuiwatch replay {ledger.parent}" if ledger is not None else ""
     return f"tuiwatch: no live socket for this run ({socket_error}); {name}: {where}{replay}"
 

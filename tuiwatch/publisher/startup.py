@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from tuiwatch.publisher.ranks import Ranks, new_rank_dir
 from tuiwatch.publisher.run_record import make_run_record, new_run_dir, shared_root_warning
 from tuiwatch.rules import Diagnosis
 from tuiwatch.wire.protocol import Command
-from tuiwatch.wire.socketdir import TCP_FILE_SUFFIX, ensure_socket_dir, remove_stale_sockets, socket_path
+from tuiwatch.wire.socketdir import TCP_FILE_SUFFIX, ensure_socket_dir, free_socket_path, remove_stale_sockets
 from tuiwatch.wire.tcp import exposure_warning, format_address
 
 
@@ -71,12 +72,20 @@ def open_store(run_dir: str | Path | None, name: str, ranks: Ranks) -> tuple[Dir
     return directory, FileLedger(directory.path / LEDGER_NAME, modes()[1], dir_fd=directory.fd)
 
 
+_binding = threading.Lock()
+
+
 def open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:
+    with _binding:  # Watches started at once in two threads of one process must not pick the same free name
+        return _open_listeners(name, tcp)
+
+
+def _open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:
     found = Listeners()
     try:
         directory = ensure_socket_dir()
         remove_stale_sockets(directory)
-        wanted = socket_path(directory, name, os.getpid())
+        wanted = free_socket_path(directory, name, os.getpid())
         found.unix, found.path = bind_private_socket(wanted), wanted
     except (TuiwatchError, OSError) as exc:
         found.error = str(exc) if isinstance(exc, TuiwatchError) else f"cannot listen: {exc}"

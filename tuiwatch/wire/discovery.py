@@ -282,9 +282,15 @@ def choose_remote_run(remote: Remote) -> LiveRun:
         if len(runs) > 1:
             raise TuiwatchError(f"{len(runs)} live runs on {remote.host}: {names}; attach {remote.host}:NAME")
         return runs[0]
-    matches = [r for r in runs if remote.name in (r.name, str(r.pid))]
+    matches = [r for r in runs if remote.name in (r.name, str(r.pid), r.run_id, r.socket)]
     if not matches:
         raise TuiwatchError(f"no live run named {remote.name!r} on {remote.host}; live runs: {names}")
+    if len(group_jobs(matches)) > 1:  # (the ranks of one job are one run)
+        found = ", ".join(f"pid {r.pid} at {r.socket}" for r in matches)
+        raise TuiwatchError(
+            f"{len(matches)} live runs named {remote.name!r} on {remote.host} ({found}): "
+            f"attach {remote.host}:PID, or {remote.host}:SOCKET for two in one process"
+        )
     return matches[0]
 
 

@@ -76,6 +76,21 @@ def socket_path(directory: Path, name: str, pid: int) -> Path:
     return directory / f"{safe_name(name)}.{pid}{SOCKET_SUFFIX}"
 
 
+def free_socket_path(directory: Path, name: str, pid: int) -> Path:
+    """``<name>.<pid>.sock``, or ``<name>-2.<pid>.sock``, ``-3``… while another run of this process holds that name.
+
+    Two Watches of one name open at once in one process (a script's default name, two models), or a sweep's next
+    trial while the last one's thread is still closing: binding the same path would take it from the earlier run,
+    which no viewer could reach any more. Called after :func:`remove_stale_sockets`, so what is left under the name
+    is live. The TCP token file beside a socket counts too: it goes after the socket when a run closes.
+    """
+    path, n = socket_path(directory, name, pid), 1
+    while os.path.lexists(path) or os.path.lexists(path.with_suffix(TCP_FILE_SUFFIX)):
+        n += 1
+        path = socket_path(directory, f"{safe_name(name)[:56]}-{n}", pid)  # the "-N" within safe_name's 64
+    return path
+
+
 @dataclass(frozen=True)
 class SocketEntry:
     path: Path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import PurePath
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -20,6 +21,13 @@ def _who(run: LiveRun | LiveJob) -> str:
     return f"pid {run.pid}"
 
 
+def _where(run: LiveRun | LiveJob) -> str:
+    """The run's directory (its socket where it has none): what tells apart two runs of one name in one process."""
+    if isinstance(run, LiveJob):
+        return ""
+    return PurePath(run.ledger).parent.name if run.ledger else PurePath(run.socket).name
+
+
 class RunPicker(App[LiveRun | LiveJob | None]):
     BINDINGS = [Binding("q,escape", "cancel", "quit")]
 
@@ -35,7 +43,7 @@ class RunPicker(App[LiveRun | LiveJob | None]):
                     # Rich Text, not a str: a name like "[reverse]x" is shown as written, never parsed as markup.
                     Text(
                         f"{safe(r.name, 40):<24} {_who(r):<12} step {'-' if r.step is None else r.step:<8} "
-                        f"{safe(r.status, 20)}"
+                        f"{safe(r.status, 20):<10} {safe(_where(r), 60)}"
                     ),
                     id=str(i),
                 )
