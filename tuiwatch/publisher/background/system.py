@@ -21,6 +21,7 @@ class SystemSampler:
         self._proc = psutil.Process()
         self._proc.cpu_percent(None)  # the first reading only starts the interval
         self._children: dict[int, psutil.Process] = {}
+        self._kinds: dict[int, str] = {}  # each child's kind (loader_worker_pids), by pid
         self._next = 0.0
 
     def due(self, now: float, idle: bool = False) -> bool:
@@ -42,12 +43,7 @@ class SystemSampler:
         return record
 
     def _workers(self) -> tuple[int, list[float]]:
-        pids = child_pids()
-        if pids is None:
-            try:
-                pids = [c.pid for c in self._proc.children(recursive=False)]
-            except psutil.Error:
-                return 0, []
+        pids = loader_worker_pids(self._kinds)
         alive: dict[int, psutil.Process] = {}
         cpu: list[float] = []
         for pid in pids:
@@ -62,24 +58,80 @@ class SystemSampler:
         return len(alive), cpu
 
 
-def child_pids() -> list[int] | None:
-    """This process's children, from each of its threads' ``children`` file (Linux); None where there is none.
+# What a child process of the training process is to the loader, by its command line (read once a pid).
+WORKER, FORKSERVER, OTHER = "worker", "forkserver", "other"
+
+
+def loader_worker_pids(kinds: dict[int, str]) -> list[int]:
+    """The processes that may make the loop's batches: this process's multiprocessing children.
+
+    A DataLoader's workers are forked (their command line is this process's), spawned (``--multiprocessing-fork``),
+    or forked by a forkserver, Python 3.14's default on Linux: children of that server, which is this process's
+    child. Not workers: multiprocessing's resource tracker and the forkserver itself, and a program the run
+    started (a compile worker pool, a logger's service process), which counted as loader workers and hid a
+    forkserver's real ones. ``kinds`` caches each child's kind by pid.
+    """
+    workers: list[int] = []
+    children = child_pids() or []
+    for pid in kinds.keys() - children:
+        del kinds[pid]  # gone (each epoch's workers, without persistent_workers, are new processes)
+    for pid in children:
+        kind = kinds.get(pid)
+        if kind is None:
+            kind = kinds[pid] = _kind_of(pid)
+        if kind == WORKER:
+            workers.append(pid)
+        elif kind == FORKSERVER:
+            workers += child_pids(pid) or []  # forked from the server: each is a worker
+    return workers
+
+
+def _kind_of(pid: int) -> str:
+    try:
+        args = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return OTHER
+    if args == _own_cmdline() or "--multiprocessing-fork" in args:
+        return WORKER
+    if any("multiprocessing.forkserver import main" in a for a in args):
+        return FORKSERVER
+    return OTHER
+
+
+def _own_cmdline() -> list[str]:
+    try:
+        return psutil.Process().cmdline()
+    except psutil.Error:
+        return []
+
+
+def child_pids(pid: int | None = None) -> list[int] | None:
+    """The children of this process (or of ``pid``), from each of its threads' ``children`` file (Linux); psutil's
+    answer where there is none.
 
     psutil finds children by reading every process on the host: 1.2 ms a sample with 65 processes,
     tens of ms on a shared server with thousands. These files list them directly.
     """
+    where = f"/proc/{pid if pid is not None else 'self'}/task"
     try:
-        tasks = os.listdir("/proc/self/task")
+        tasks = os.listdir(where)
         pids: list[int] = []
         for task in tasks:
             # A thread that just ended has no file any more.
             with (
                 contextlib.suppress(FileNotFoundError, ProcessLookupError),
-                open(f"/proc/self/task/{task}/children", "rb") as f,
+                open(f"{where}/{task}/children", "rb") as f,
             ):
                 pids += map(int, f.read().split())
     except OSError:
-        return None
-    if not pids and not os.path.exists(f"/proc/self/task/{tasks[0]}/children"):
-        return None  # a kernel without the files (CONFIG_PROC_CHILDREN off): ask psutil
+        return _psutil_children(pid)
+    if not pids and not os.path.exists(f"{where}/{tasks[0]}/children"):
+        return _psutil_children(pid)  # a kernel without the files (CONFIG_PROC_CHILDREN off)
     return pids
+
+
+def _psutil_children(pid: int | None) -> list[int] | None:
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=False)]
+    except psutil.Error:
+        return None
