@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from torch import nn
 
+import tuiwatch
 from tuiwatch.ledger.reader import read_ledger
 from tuiwatch.wire.socketdir import list_sockets
 
@@ -170,3 +174,35 @@ def test_a_watch_in_a_multiprocessing_worker_ends_its_ledger_without_a_with_bloc
         ends[run["name"]] = [(e["reason"], e["steps"]) for e in records(ledger, "end")]
     assert ends == {"worker0": [("finished", 7)], "worker1": [("exception", 7)]}
     assert list_sockets(socket_dir) == []
+
+
+def test_a_child_forked_while_the_publisher_thread_held_its_stop_flag_does_not_hang(run_root: Path, socket_dir: Path):
+    """A DataLoader forks its workers whenever the loop starts an epoch; the publisher thread may be setting its
+    pipeline's stop flag at that moment (a collected Watch's close runs on whatever thread collects it). The
+    child's fork handler set the same flag and waited forever on the lock the parent's thread held at the fork:
+    a worker that never starts hangs the training loop waiting for its batch."""
+    watch = tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, system=False, quiet=True)
+    flag_lock = watch._pipeline._stopping._cond  # type: ignore[attr-defined]  # threading.Event's own condition
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with flag_lock:  # as Event.set() holds it
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: its fork handlers ran before this line, or hang
+        os._exit(0)
+    release.set()
+    holder.join()
+    try:
+        ended = wait_until(lambda: os.waitpid(pid, os.WNOHANG)[0] == pid or None, timeout=10, what="the child")
+    finally:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        watch.close()
+    assert ended

@@ -175,7 +175,9 @@ class Pipeline:
         return done.wait(timeout_s)
 
     def abandon_after_fork(self) -> None:
-        """In a forked child: never write, serve or flush on the parent's behalf."""
+        """In a forked child: never write, serve or flush on the parent's behalf. Nothing here takes a lock: the
+        parent's publisher thread may have held any of them at the fork, and no thread of the child releases it."""
+        self._stopping = threading.Event()  # (set() takes the event's own lock)
         self._stopping.set()
         self.buffer.clear()
         self.server = None
