@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from tuiwatch.publisher import pending as steps_module
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import LOADED_MACHINE_S, records
+from ..helpers import LOADED_MACHINE_S, env_for, records
 
 
 def _mlp() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -471,3 +473,32 @@ def test_ranks_of_one_job_share_a_directory_by_run_id_and_a_bad_run_id_is_refuse
     assert sorted(p.name for p in (tmp_path / "job-exp-42").iterdir()) == ["rank0", "rank1"]
     run = next(iter(read_ledger(tmp_path / "job-exp-42" / "rank1")))
     assert (run["run_id"], run["rank"], run["local_rank"], run["world_size"]) == ("exp/42", 1, 1, 2)
+
+
+_PRINTS_ITS_NAME = """
+import torch, tuiwatch
+watch = tuiwatch.Watch(torch.nn.Linear(2, 2), run_dir=None, system=False, quiet=True)
+print(watch.name)
+watch.close()
+"""
+
+
+@pytest.mark.integration  # real Python processes, started as a Jupyter kernel and as a package would be
+def test_the_default_name_of_a_notebook_and_of_a_package_says_which(tmp_path: Path, socket_dir: Path):
+    """A Jupyter kernel's ``sys.argv[0]`` is ipykernel's ``ipykernel_launcher.py``: every notebook on a host was
+    "ipykernel_launcher" in ``tuiwatch ls``. ``python -m package`` runs its ``__main__.py``: "__main__"."""
+    kernel = tmp_path / "ipykernel_launcher.py"  # the file the kernel's command line names; its code is the cell's
+    kernel.write_text(_PRINTS_ITS_NAME)
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__main__.py").write_text(_PRINTS_ITS_NAME)
+
+    def name(*argv: str, **env: str) -> str:
+        done = subprocess.run(
+            [sys.executable, *argv], cwd=tmp_path, env={**env_for(socket_dir), **env}, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert name(str(kernel), JPY_SESSION_NAME="experiments/Train ResNet.ipynb") == "Train ResNet"
+    assert name(str(kernel), JPY_SESSION_NAME="") == "notebook"  # a kernel Jupyter Server did not start
+    assert name("-m", "trainer") == "trainer"

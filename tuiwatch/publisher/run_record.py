@@ -23,9 +23,15 @@ from tuiwatch.wire.socketdir import parse_socket_name, safe_name
 
 
 def default_name() -> str:
-    """The script's stem: ``train`` for ``python train.py``."""
-    argv0 = sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "python"
-    return Path(argv0).stem or "python"
+    """The script's stem: ``train`` for ``python train.py``; the package's name for ``python -m package`` (its
+    ``__main__.py``); in a Jupyter kernel, the notebook's (``JPY_SESSION_NAME``, the notebook's path, which
+    Jupyter Server gives the kernels it starts), else ``notebook``. Every notebook was "ipykernel_launcher"."""
+    argv0 = Path(sys.argv[0] if sys.argv and sys.argv[0] not in ("", "-c", "-m") else "python")
+    if argv0.stem == "ipykernel_launcher":
+        return Path(os.environ.get("JPY_SESSION_NAME", "")).stem or "notebook"
+    if argv0.stem == "__main__":
+        return argv0.parent.name or "python"
+    return argv0.stem or "python"
 
 
 def new_run_dir(root: Path, name: str) -> Path:
