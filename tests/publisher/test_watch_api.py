@@ -477,7 +477,7 @@ def test_ranks_of_one_job_share_a_directory_by_run_id_and_a_bad_run_id_is_refuse
 
 _PRINTS_ITS_NAME = """
 import torch, tuiwatch
-watch = tuiwatch.Watch(torch.nn.Linear(2, 2), run_dir=None, system=False, quiet=True)
+watch = tuiwatch.Watch(torch.nn.Linear(2, 2), run_dir=None, system=False)
 print(watch.name)
 watch.close()
 """
@@ -492,13 +492,17 @@ def test_the_default_name_of_a_notebook_and_of_a_package_says_which(tmp_path: Pa
     (tmp_path / "trainer").mkdir()
     (tmp_path / "trainer" / "__main__.py").write_text(_PRINTS_ITS_NAME)
 
+    said: list[str] = []
+
     def name(*argv: str, **env: str) -> str:
         done = subprocess.run(
             [sys.executable, *argv], cwd=tmp_path, env={**env_for(socket_dir), **env}, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stderr
+        said.append(done.stderr)
         return done.stdout.strip()
 
     assert name(str(kernel), JPY_SESSION_NAME="experiments/Train ResNet.ipynb") == "Train ResNet"
+    assert said[-1].rstrip().endswith("watch it with: tuiwatch attach 'Train ResNet'")  # one word for the shell
     assert name(str(kernel), JPY_SESSION_NAME="") == "notebook"  # a kernel Jupyter Server did not start
     assert name("-m", "trainer") == "trainer"

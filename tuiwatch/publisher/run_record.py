@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 import time
@@ -90,7 +91,8 @@ def start_line(
         # Another run of this process has the name (free_socket_path): the name would ask which, the path does not.
         entry = parse_socket_name(socket_path)
         target = name if entry is not None and entry.name == safe_name(name) else str(socket_path)
-        return f"tuiwatch: {name}: {where}; watch it with: tuiwatch attach {target}"
+        # Quoted for a shell where it needs to be: a notebook's name often has spaces.
+        return f"tuiwatch: {name}: {where}; watch it with: tuiwatch attach {shlex.quote(target)}"
     replay = f"; replay it with: tuiwatch replay {ledger.parent}" if ledger is not None else ""
     return f"tuiwatch: no live socket for this run ({socket_error}); {name}: {where}{replay}"
 
