@@ -199,10 +199,51 @@ def test_a_child_forked_while_the_publisher_thread_held_its_stop_flag_does_not_h
     release.set()
     holder.join()
     try:
-        ended = wait_until(lambda: os.waitpid(pid, os.WNOHANG)[0] == pid or None, timeout=10, what="the child")
+        assert _exit_code_within(pid, 10) == 0
     finally:
+        watch.close()
+
+
+def test_a_child_forked_while_another_thread_started_a_watch_starts_its_own(run_root: Path, socket_dir: Path):
+    """A hogwild child makes its own Watch; another thread of the parent may have been binding a Watch's socket at
+    the fork, holding the lock that keeps two threads from picking the same free name."""
+    from tuiwatch.publisher import startup
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with startup._binding:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            tuiwatch.Watch(nn.Linear(2, 2), run_dir=None, system=False, quiet=True).close()
+            code = 0
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join()
+    assert _exit_code_within(pid, 30) == 0
+
+
+def _exit_code_within(pid: int, timeout: float) -> int:
+    """A forked child's exit code once it ends; the test fails (and the child is killed) if it has not in time."""
+
+    def ended() -> tuple[int, int] | None:  # (a pair: an exit status of 0 is falsy)
+        done = os.waitpid(pid, os.WNOHANG)
+        return done if done[0] == pid else None
+
+    try:
+        _, status = wait_until(ended, timeout=timeout, what="the forked child to exit")
+    except AssertionError:
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-        watch.close()
-    assert ended
+        raise
+    return os.waitstatus_to_exitcode(status)

@@ -75,6 +75,14 @@ def open_store(run_dir: str | Path | None, name: str, ranks: Ranks) -> tuple[Dir
 _binding = threading.Lock()
 
 
+def _binding_after_fork() -> None:
+    global _binding
+    _binding = threading.Lock()  # another thread of the parent may have held it at the fork: a hogwild child's Watch
+
+
+os.register_at_fork(after_in_child=_binding_after_fork)
+
+
 def open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:
     with _binding:  # Watches started at once in two threads of one process must not pick the same free name
         return _open_listeners(name, tcp)
