@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import subprocess
@@ -204,15 +205,18 @@ def test_a_child_forked_while_the_publisher_thread_held_its_stop_flag_does_not_h
         watch.close()
 
 
-def test_a_child_forked_while_another_thread_started_a_watch_starts_its_own(run_root: Path, socket_dir: Path):
-    """A hogwild child makes its own Watch; another thread of the parent may have been binding a Watch's socket at
-    the fork, holding the lock that keeps two threads from picking the same free name."""
-    from tuiwatch.publisher import startup
-
+@pytest.mark.parametrize("lock", ["startup._binding", "clipping._lock", "scripting._lock"])
+def test_a_child_forked_while_another_thread_started_a_watch_starts_its_own(
+    lock: str, run_root: Path, socket_dir: Path
+):
+    """A hogwild child makes its own Watch; another thread of the parent may have been starting or closing one at
+    the fork, holding a lock of the publisher's modules (a socket's free name, torch's clip functions, TorchScript's
+    hook filter), which no thread of the child releases."""
+    module, name = lock.split(".")
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with startup._binding:
+        with getattr(importlib.import_module(f"tuiwatch.publisher.{module}"), name):
             held.set()
             release.wait()
 

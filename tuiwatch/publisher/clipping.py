@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-_lock = threading.Lock()
+from tuiwatch.publisher.forksafe import ForkSafeLock
+
+_lock = ForkSafeLock()
 _recorders: weakref.WeakSet[Any] = weakref.WeakSet()  # the open Watches' hooks (ModelHooks.clipped)
 # The functions the wrappers call. Never emptied: a loop that kept a reference to a wrapper (``clip =
 # torch.nn.utils.clip_grad_norm_`` while a Watch was open) still clips after the last Watch closed.

@@ -21,17 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from tuiwatch.publisher.forksafe import ForkSafeLock
+
 # The tables TorchScript compiles: an integration's pre-hook is left out as the Watch's forward hook is.
 _TABLES = ("_forward_hooks", "_forward_pre_hooks")
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _installed = False
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ from tuiwatch.ledger.writer import FileLedger, LedgerStore, MemoryTail
 from tuiwatch.publisher.atomic import Directory, modes
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.background.server import TcpListener, bind_private_socket, open_tcp_listener
+from tuiwatch.publisher.forksafe import ForkSafeLock
 from tuiwatch.publisher.ranks import Ranks, new_rank_dir
 from tuiwatch.publisher.run_record import make_run_record, new_run_dir, shared_root_warning
 from tuiwatch.rules import Diagnosis
@@ -72,15 +72,7 @@ def open_store(run_dir: str | Path | None, name: str, ranks: Ranks) -> tuple[Dir
     return directory, FileLedger(directory.path / LEDGER_NAME, modes()[1], dir_fd=directory.fd)
 
 
-_binding = threading.Lock()
-
-
-def _binding_after_fork() -> None:
-    global _binding
-    _binding = threading.Lock()  # another thread of the parent may have held it at the fork: a hogwild child's Watch
-
-
-os.register_at_fork(after_in_child=_binding_after_fork)
+_binding = ForkSafeLock()
 
 
 def open_listeners(name: str, tcp: tuple[str, int] | None) -> Listeners:
