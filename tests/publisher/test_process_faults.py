@@ -10,7 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -184,23 +186,8 @@ def test_a_child_forked_while_the_publisher_thread_held_its_stop_flag_does_not_h
     a worker that never starts hangs the training loop waiting for its batch."""
     watch = tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, system=False, quiet=True)
     flag_lock = watch._pipeline._stopping._cond  # type: ignore[attr-defined]  # threading.Event's own condition
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with flag_lock:  # as Event.set() holds it
-            held.set()
-            release.wait()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child: its fork handlers ran before this line, or hang
-        os._exit(0)
-    release.set()
-    holder.join()
     try:
-        assert _exit_code_within(pid, 10) == 0
+        assert _forked_while_held(flag_lock, lambda: None, timeout=10) == 0  # its fork handlers ran, or hang
     finally:
         watch.close()
 
@@ -213,10 +200,21 @@ def test_a_child_forked_while_another_thread_started_a_watch_starts_its_own(
     the fork, holding a lock of the publisher's modules (a socket's free name, torch's clip functions, TorchScript's
     hook filter), which no thread of the child releases."""
     module, name = lock.split(".")
+    held = getattr(importlib.import_module(f"tuiwatch.publisher.{module}"), name)
+
+    def start_a_watch() -> None:
+        tuiwatch.Watch(nn.Linear(2, 2), run_dir=None, system=False, quiet=True).close()
+
+    assert _forked_while_held(held, start_a_watch, timeout=30) == 0
+
+
+def _forked_while_held(lock: Any, in_child: Callable[[], None], timeout: float) -> int:
+    """Fork while another thread holds ``lock`` (released in the parent right after); the child runs ``in_child``
+    and exits 0, or 1 if it raised. The child's exit code; the test fails if it has not ended within ``timeout``."""
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with getattr(importlib.import_module(f"tuiwatch.publisher.{module}"), name):
+        with lock:
             held.set()
             release.wait()
 
@@ -227,13 +225,13 @@ def test_a_child_forked_while_another_thread_started_a_watch_starts_its_own(
     if pid == 0:  # pragma: no cover - the child
         code = 1
         try:
-            tuiwatch.Watch(nn.Linear(2, 2), run_dir=None, system=False, quiet=True).close()
+            in_child()
             code = 0
         finally:
             os._exit(code)
     release.set()
     holder.join()
-    assert _exit_code_within(pid, 30) == 0
+    return _exit_code_within(pid, timeout)
 
 
 def _exit_code_within(pid: int, timeout: float) -> int:
