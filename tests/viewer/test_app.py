@@ -232,7 +232,7 @@ async def test_live_run_status_goes_live_disconnected_live_finished(tmp_path: Pa
     args = ("--name", "livetest", "--steps", "100000", "--step-sleep", "0.005", "--samples", "4096")
     first = start_training(tmp_path / "a", socket_dir, *args)
     path = wait_until(lambda: next(iter(list_sockets(socket_dir)), None), what="socket").path
-    source = SocketSource(path, "livetest", lambda name: find_socket_by_name(name, socket_dir))
+    source = SocketSource(path, "livetest", lambda name, skip: find_socket_by_name(name, skip, socket_dir))
     app = RecordingApp(source)
     async with app.run_test(size=(100, 30)) as pilot:
         await until(pilot, lambda: app.state.status == "live" and (app.state.step or 0) > 20, what="live steps")

@@ -8,16 +8,20 @@ for the rest of the run.
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 from torch import nn
 
 import tuiwatch
+from tests.helpers import wait_until
+from tuiwatch.viewer.messages import RecordsReceived, SourceDisconnected
 from tuiwatch.viewer.screens.run_picker import RunPicker
-from tuiwatch.wire.discovery import LiveRun, list_live_runs, resolve_target
+from tuiwatch.viewer.sources import SocketSource
+from tuiwatch.wire.discovery import LiveRun, find_socket_by_name, list_live_runs, resolve_target
 from tuiwatch.wire.protocol import connect, iter_records
-from tuiwatch.wire.socketdir import socket_path
+from tuiwatch.wire.socketdir import SocketId, socket_path
 
 
 def _run_record(path: Path) -> dict[str, object]:
@@ -85,3 +89,45 @@ async def test_the_picker_tells_two_runs_of_one_name_and_pid_apart_by_their_dire
     finally:
         for watch in watches:
             watch.close()
+
+
+def test_a_viewer_whose_run_ends_follows_the_next_run_of_the_name_not_the_one_already_beside_it(
+    run_root: Path, socket_dir: Path
+):
+    # Written after a viewer on the first of two same-named Watches of one process slid onto the second when the
+    # first ended: "a run of the same name came back" was any live run of the name, the sibling included.
+    first, sibling = (
+        tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, name="twin", system=False, quiet=True) for _ in "ab"
+    )
+    messages: list[object] = []
+    looked_after_end: list[Path | None] = []
+
+    def ended() -> bool:
+        return any(isinstance(m, SourceDisconnected) for m in messages)
+
+    def run_dirs() -> list[object]:
+        records = (r for m in messages if isinstance(m, RecordsReceived) for r in m.records)
+        return [r["run_dir"] for r in records if r["kind"] == "run"]
+
+    def find(name: str, skip: Collection[SocketId]) -> Path | None:
+        found = find_socket_by_name(name, skip, socket_dir)
+        if ended():
+            looked_after_end.append(found)
+        return found
+
+    assert first.socket_path is not None
+    source = SocketSource(first.socket_path, "twin", find)
+    source.start(messages.append)
+    try:
+        wait_until(lambda: run_dirs() == [str(first.run_dir)], what="the first run's record")
+        first.close()
+        wait_until(ended, what="the viewer to see the first run end")
+        wait_until(lambda: looked_after_end, what="a look for a run of the name")
+        assert looked_after_end[0] is None  # the sibling is live, and not taken
+        after = tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, name="twin", system=False, quiet=True)
+        wait_until(lambda: len(run_dirs()) == 2, what="the viewer on the next run of the name")
+        assert run_dirs() == [str(first.run_dir), str(after.run_dir)]
+        after.close()
+    finally:
+        source.stop()
+        sibling.close()

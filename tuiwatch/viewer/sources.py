@@ -16,7 +16,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -36,6 +36,7 @@ from tuiwatch.viewer.messages import (
     SourceUntrusted,
 )
 from tuiwatch.wire.protocol import LineSplitter, ProtocolError, command_line, connect
+from tuiwatch.wire.socketdir import SocketId, socket_ids
 from tuiwatch.wire.tcp import HandshakeError, HandshakeInterrupted, TcpTarget, connect_tcp, format_address
 
 BATCH_S = 0.03
@@ -103,16 +104,26 @@ class _Batcher:
             self.last_post = time.monotonic()
 
 
+class FindRun(Protocol):
+    def __call__(self, name: str, skip: Collection[SocketId]) -> Path | None: ...
+
+
 class SocketSource:
-    """A live run on this host; reconnects (with back-off) when a run of the same name comes back."""
+    """A live run on this host; reconnects (with back-off) when a run of the same name comes back.
+
+    A run that was already listening beside the one watched is not one that came back: two Watches of one name in
+    one process (a generator and a discriminator), or two jobs of one name, run side by side, and a viewer on one
+    must not slide onto the other when its run ends. Such runs are noted at each connection and skipped by ``find``.
+    """
 
     live = True
 
-    def __init__(self, path: Path, name: str | None, find: Callable[[str], Path | None] | None = None):
+    def __init__(self, path: Path, name: str | None, find: FindRun | None = None):
         self.path = path
         self.name = name
         self.label = str(path)
         self._find = find
+        self._beside: frozenset[SocketId] = frozenset()
         self._sock: socket.socket | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -143,12 +154,14 @@ class SocketSource:
         """A connection and the stream bytes already read from it, or None to try again later."""
         path = self.path
         if self._find is not None and self.name and not path.exists():
-            path = self._find(self.name) or path
+            path = self._find(self.name, self._beside) or path
         try:
             sock = connect(path)
         except OSError:
             return None
         self.path, self.label = path, str(path)
+        if self._find is not None:
+            self._beside = frozenset(i for i in socket_ids(path.parent) if i[0] != str(path))
         with self._lock:
             self._sock = sock
         return sock, b""
@@ -351,11 +364,11 @@ class RelaySource:
         _terminate(self._proc)
 
 
-FindRank = Callable[[str, int], Path | None]
+FindRank = Callable[[str, int, Collection[SocketId]], Path | None]
 
 
-def _finder(find: FindRank | None, rank: int) -> Callable[[str], Path | None] | None:
-    return None if find is None else lambda name: find(name, rank)
+def _finder(find: FindRank | None, rank: int) -> FindRun | None:
+    return None if find is None else lambda name, skip: find(name, rank, skip)
 
 
 def _tagging(post: Post, rank: int) -> Post:

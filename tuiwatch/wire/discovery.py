@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from tuiwatch.ledger.fields import integer
 from tuiwatch.ledger.reader import tail_records
 from tuiwatch.ledger.records import Record
 from tuiwatch.wire.protocol import connect, iter_records
-from tuiwatch.wire.socketdir import check_private_dir, remove_stale_sockets, socket_dir
+from tuiwatch.wire.socketdir import SocketId, check_private_dir, remove_stale_sockets, socket_dir, socket_id
 
 
 @dataclass
@@ -180,19 +181,22 @@ def resolve_target(target: str | None, directory: Path | None = None) -> LiveRun
     return matches[0] if len(matches) == 1 else matches
 
 
-def find_socket_by_name(name: str, directory: Path | None = None, rank: int | None = None) -> Path | None:
+def find_socket_by_name(
+    name: str, skip: Collection[SocketId] = (), directory: Path | None = None, rank: int | None = None
+) -> Path | None:
     """The socket of the newest live run called ``name`` (of that ``rank``, for a job's rank), for reconnecting
-    after a restart."""
+    after a restart; none of the sockets in ``skip`` (the runs that were already beside the one that ended)."""
     try:
         runs = [r for r in list_live_runs(directory, timeout=0.5) if r.name == name and rank in (None, r.rank)]
     except Exception:
         return None
+    runs = [r for r in runs if socket_id(r.socket) not in skip]
     return Path(max(runs, key=lambda r: r.pid).socket) if runs else None
 
 
-def find_rank_socket(name: str, rank: int) -> Path | None:
+def find_rank_socket(name: str, rank: int, skip: Collection[SocketId] = ()) -> Path | None:
     """The socket of the newest live rank ``rank`` of a job called ``name``: a restarted rank, found again."""
-    return find_socket_by_name(name, rank=rank)
+    return find_socket_by_name(name, skip, rank=rank)
 
 
 # --- another host, through ssh -------------------------------------------------------

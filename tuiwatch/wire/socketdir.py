@@ -117,6 +117,22 @@ def list_sockets(directory: Path) -> list[SocketEntry]:
     return [e for e in (parse_socket_name(p) for p in names) if e is not None]
 
 
+SocketId = tuple[str, int]  # a socket's path and inode: a socket bound again at the same path is another run's
+
+
+def socket_id(path: Path | str) -> SocketId | None:
+    try:
+        return str(path), os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def socket_ids(directory: Path) -> frozenset[SocketId]:
+    """The sockets in ``directory`` now, each as its :data:`SocketId`."""
+    ids = (socket_id(e.path) for e in list_sockets(directory))
+    return frozenset(i for i in ids if i is not None)
+
+
 def remove_stale_sockets(directory: Path) -> list[SocketEntry]:
     """Remove sockets whose process is gone or that nothing listens on; return the live ones."""
     live = []
