@@ -6,12 +6,14 @@ import json
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from torch import nn
 
 import tuiwatch
+from tuiwatch.cli.attach import job_source
 from tuiwatch.viewer.sources import CommandSource
 from tuiwatch.wire.discovery import choose_remote_run, parse_remote
 
@@ -126,8 +128,16 @@ def test_two_runs_of_one_name_in_one_process_on_a_host_are_told_apart_by_their_s
             socket_dir, "attach", f"{sshd.host}:twin", "--ssh", sshd.ssh, "--remote-tuiwatch", sshd.remote_tuiwatch
         )
         assert out.returncode == 1
-        assert out.stderr.startswith(f"tuiwatch: error: 2 live runs named 'twin' on {sshd.host} (pid ")
-        assert out.stderr.endswith(f"attach {sshd.host}:PID, or {sshd.host}:SOCKET for two in one process\n")
+        sockets = [f"{sshd.host}:{w.socket_path}" for w in watches]
+        listed = out.stderr.removeprefix(f"tuiwatch: error: 2 live runs named 'twin' on {sshd.host}: attach ")
+        assert sorted(listed.rstrip("\n").split(" or ")) == sorted(sockets)
+        other = tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, name="other", system=False, quiet=True)
+        watches.append(other)
+        out = tw(socket_dir, "attach", f"{sshd.host}:", "--ssh", sshd.ssh, "--remote-tuiwatch", sshd.remote_tuiwatch)
+        assert out.returncode == 1
+        # With no name, each run is named by what names it alone: the name where it is the only one of it.
+        listed = out.stderr.removeprefix(f"tuiwatch: error: 3 live runs on {sshd.host}: attach ").rstrip("\n")
+        assert sorted(listed.split(" or ")) == sorted([*sockets, f"{sshd.host}:other"])
         later = watches[1]
         remote = parse_remote(f"{sshd.host}:{later.socket_path}", sshd.ssh, sshd.remote_tuiwatch)
         assert remote is not None
@@ -142,6 +152,29 @@ def test_two_runs_of_one_name_in_one_process_on_a_host_are_told_apart_by_their_s
         assert (first["kind"], first["run_dir"]) == ("run", str(later.run_dir))
         relay.kill()
         relay.wait()
+    finally:
+        for watch in watches:
+            watch.close()
+
+
+def test_attach_host_alone_takes_the_one_job_there_as_one_run(
+    sshd: Sshd, run_root: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Its two ranks used to count as two runs, and "attach HOST:" was refused ("2 live runs ... attach HOST:NAME").
+    watches = []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        watches.append(
+            tuiwatch.Watch(nn.Linear(2, 2), run_dir=run_root, name="ddp", run_id="job-7", system=False, quiet=True)
+        )
+    try:
+        remote = parse_remote(f"{sshd.host}:", sshd.ssh, sshd.remote_tuiwatch)
+        assert remote is not None
+        chosen = choose_remote_run(remote)
+        assert (chosen.name, chosen.run_id, chosen.rank, chosen.world_size) == ("ddp", "job-7", 0, 2)
+        source = job_source([replace(remote, name=chosen.run_id)])  # what attach then does
+        assert source.ranks == [0, 1]
     finally:
         for watch in watches:
             watch.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,7 +193,7 @@ def _attach_remote(remote: Remote, ranks: set[int] | None, viewer: dict[str, Any
 
     chosen = choose_remote_run(remote)
     if chosen.world_size and chosen.world_size > 1 and chosen.rank is not None and remote.name != str(chosen.pid):
-        return _attach_job([remote], ranks, viewer)
+        return _attach_job([remote if remote.name else replace(remote, name=chosen.run_id)], ranks, viewer)
     # By its socket, not its pid: two Watches of one process are two runs of one pid.
     source = CommandSource(remote.argv("relay", chosen.socket), f"{remote.host}:{chosen.name}")
     return TuiwatchApp(source, **viewer).run_viewer()

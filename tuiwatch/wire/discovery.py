@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -277,25 +277,48 @@ def list_remote_runs(remote: Remote) -> list[LiveRun]:
 
 
 def choose_remote_run(remote: Remote) -> LiveRun:
-    """The run ``remote`` names, checked against the host's live runs (one ssh round trip)."""
+    """The run ``remote`` names, checked against the host's live runs (one ssh round trip); a job's first rank for
+    a job. Where it names none or several, a one-line TuiwatchError lists a target for each run that names it alone.
+    """
     runs = list_remote_runs(remote)
     if not runs:
         raise TuiwatchError(f"no live runs on {remote.host}")
-    names = ", ".join(f"{r.name} (pid {r.pid})" for r in runs)
     if remote.name is None:
-        if len(runs) > 1:
-            raise TuiwatchError(f"{len(runs)} live runs on {remote.host}: {names}; attach {remote.host}:NAME")
-        return runs[0]
+        grouped = group_jobs(runs)
+        if len(grouped) > 1:
+            raise TuiwatchError(f"{len(grouped)} live runs on {remote.host}: attach {_each(remote.host, grouped)}")
+        return grouped[0].ranks[0] if isinstance(grouped[0], LiveJob) else grouped[0]
     matches = [r for r in runs if remote.name in (r.name, str(r.pid), r.run_id, r.socket)]
     if not matches:
+        names = ", ".join(f"{r.name} (pid {r.pid})" for r in runs)
         raise TuiwatchError(f"no live run named {remote.name!r} on {remote.host}; live runs: {names}")
-    if len(group_jobs(matches)) > 1:  # (the ranks of one job are one run)
-        found = ", ".join(f"pid {r.pid} at {r.socket}" for r in matches)
+    grouped = group_jobs(matches)  # (the ranks of one job are one run)
+    if len(grouped) > 1:
         raise TuiwatchError(
-            f"{len(matches)} live runs named {remote.name!r} on {remote.host} ({found}): "
-            f"attach {remote.host}:PID, or {remote.host}:SOCKET for two in one process"
+            f"{len(grouped)} live runs named {remote.name!r} on {remote.host}: attach {_each(remote.host, grouped)}"
         )
     return matches[0]
+
+
+def _each(host: str, grouped: list[LiveRun | LiveJob]) -> str:
+    """``HOST:NAME or HOST:PID or …``, each naming one of ``grouped`` alone: its name where no other run has it,
+    else its pid (or a job's run id), else its socket (two Watches of one process share name and pid)."""
+
+    def alone(key: str, of: Callable[[LiveRun | LiveJob], str]) -> bool:
+        return sum(of(g) == key for g in grouped) == 1
+
+    def pid(g: LiveRun | LiveJob) -> str:
+        return g.run_id if isinstance(g, LiveJob) else str(g.pid)
+
+    targets = []
+    for g in grouped:
+        if alone(g.name, lambda o: o.name):
+            targets.append(g.name)
+        elif alone(pid(g), pid) or isinstance(g, LiveJob):
+            targets.append(pid(g))
+        else:
+            targets.append(g.socket)
+    return " or ".join(f"{host}:{shlex.quote(t)}" for t in targets)
 
 
 def find_remote_job(remotes: list[Remote]) -> list[tuple[Remote, LiveJob]]:
