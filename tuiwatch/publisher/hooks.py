@@ -33,7 +33,7 @@ import sys
 import time
 import types
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -191,6 +191,14 @@ class Attached:
         self.hidden.append(type(module))
         return handle
 
+    def forward_pre_hook(self, module: torch.nn.Module, hook: ForwardHook) -> Any:
+        # with_kwargs: torch then calls it with three arguments, as a ForwardHook is called.
+        handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+        self.handles.append(handle)
+        pickling.hide_hooks(type(module), is_forward_hook)
+        self.hidden.append(type(module))
+        return handle
+
     def remove(self) -> None:
         """Take everything off (once: a second call finds nothing)."""
         for cls in self.hidden:
@@ -244,6 +252,8 @@ class ModelHooks:
         self._outside: list[torch.Tensor] = []
         self._outside_grads: list[bool] | None = None
         self.parts: dict[int, torch.nn.Module] | None = None  # a model watched by its parts (parts.py): id -> part
+        self._at_forward: Any = None  # a loop that marks no steps: what opens a step at a training forward (watch.py)
+        self._at_forward_handles: list[Any] = []
 
     def attach(self) -> None:
         if self._several:
@@ -285,6 +295,28 @@ class ModelHooks:
         self.parts = {id(p): p for p in parts}
         for part in parts:
             self.attached.forward_hook(part, ForwardHook(self.after_part_forward))
+            if self._at_forward is not None:
+                self._at_forward_handles.append(self.attached.forward_pre_hook(part, ForwardHook(self._at_forward)))
+
+    def open_steps_at_forwards(self, before_forward: Callable[[Any, Any, Any], None]) -> None:
+        """Call ``before_forward(module, args, kwargs)`` before each forward of the model (or of its parts, once
+        they are watched in its place): for a loop that marks no steps (watch.py)."""
+        self._at_forward = before_forward
+        parts = self.parts
+        # Called at the first update: a model whose forward has not run is watched by its parts now, not at the second
+        # update (whose step would then hold two), and _watch_parts puts this on each part.
+        self._forward_seen()
+        if parts is None and self.parts is not None:
+            return
+        for module in self.forward_modules():
+            self._at_forward_handles.append(self.attached.forward_pre_hook(module, ForwardHook(before_forward)))
+
+    def stop_steps_at_forwards(self) -> None:
+        """The loop marks its steps after all (``watch.step()`` at the bottom of its loop): the hooks come off."""
+        self._at_forward = None
+        for handle in self._at_forward_handles:
+            handle.remove()
+        self._at_forward_handles.clear()
 
     def _forward_seen(self) -> None:
         """Before the second optimizer step: a model none of whose forwards ran since the Watch began (the loop

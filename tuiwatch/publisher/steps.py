@@ -65,6 +65,10 @@ class StepTracker:
         # Without an optimizer to hook, the model's norms are read at the boundaries (hooks.py).
         self.on_open: Callable[[StepState], None] | None = None
         self.on_end: Callable[[StepState], None] | None = None
+        # Whether the loop marks its steps (batches(), step(), end_step()); asked at the first update, where a loop
+        # that has marked none is given steps that open at its training forwards (watch.py, _unmarked_loop).
+        self.marked = False
+        self.on_first_update: Callable[[], None] | None = None
 
     def fetched(self, seconds: float) -> None:
         self.fetch_s = (self.fetch_s or 0.0) + seconds
@@ -91,6 +95,9 @@ class StepTracker:
         self.opt_steps += 1
         s.opt_step = self.opt_steps
         self.forwards_at_update = self.training_forwards
+        if self.on_first_update is not None:
+            first, self.on_first_update = self.on_first_update, None
+            first()
 
     def current(self) -> StepState:
         """The open step; a loop that logs before its first boundary gets one opened for it."""

@@ -128,6 +128,7 @@ class Watch:
         # called at the checkpoint's boundary (the loop's best_val_loss, a data cursor, a prefetched batch).
         self.extra_state: Any = None
         self._closed = False
+        self._unmarked_forwards = 0  # training forwards after an update in a loop that marks no steps
 
         # A lazy module's parameters have no size until its first forward (LazyLinear): counted as unknown.
         params = list(model.parameters())
@@ -194,6 +195,8 @@ class Watch:
             name=self.name,
         )
         self._hooks.attach()
+        if integration is None:  # (an integration marks its steps itself, from its framework's or script's events)
+            tracker.on_first_update = weakly(self._unmarked_loop, _nothing)
         self._replicated = replicated(model, optimizer, self.run_record["world_size"])
         # The thread holds the Watch's parts weakly, and a finalizer ends a run whose Watch the loop let go of.
         publishing.start(
@@ -221,6 +224,7 @@ class Watch:
         the optimizer steps make one step (gradient accumulation).
         """
         tracker, commands = self._tracker, self._commands
+        tracker.marked = True
         tracker.epoch += 1
         epoch = tracker.epoch
         saved, self._resume = self._resume, None
@@ -298,6 +302,7 @@ class Watch:
         """
         tracker = self._tracker
         now = time.perf_counter()
+        tracker.marked = True
         batch_ids = _sample_ids(ids)
         if data_wait_s is not None and type(data_wait_s) is not float:  # (a float, the usual, as it is)
             data_wait_s = _seconds(data_wait_s)
@@ -305,6 +310,14 @@ class Watch:
             if batch is not None and not tracker.off:
                 tracker.fold(batch, batch_ids, data_wait_s)
             return
+        self._boundary(now, run_commands, data_wait_s)
+        s = tracker.cur
+        if batch is not None and s is not None:
+            tracker.add_batch(s, batch, batch_ids)
+
+    def _boundary(self, now: float, run_commands: bool = True, data_wait_s: float | None = None) -> None:
+        """End the open step and open the next: what a step boundary does, whoever marks it."""
+        tracker = self._tracker
         tracker.end(now)
         if run_commands and self._commands.pending():
             self._commands.at_boundary()
@@ -312,8 +325,6 @@ class Watch:
         if not tracker.off:
             s = tracker.open(now, at_boundary=True, data_wait_s=data_wait_s)
             s.epoch = max(tracker.epoch, 0)
-            if batch is not None:
-                tracker.add_batch(s, batch, batch_ids)
 
     def end_step(self) -> bool:
         """End the open step here, without opening the next one (for integrations that see a step's end).
@@ -325,6 +336,7 @@ class Watch:
         when a step ended.
         """
         tracker = self._tracker
+        tracker.marked = True
         if tracker.off or tracker.folding():
             return False
         ended = tracker.cur is not None
@@ -556,6 +568,50 @@ class Watch:
             self._record_oom(exc)
         self.close(process.end_reason(exc_type))
 
+    # --- a loop that marks no steps ------------------------------------------------------
+
+    def _unmarked_loop(self) -> None:
+        """The first update, and the loop has marked no step: it draws its batches itself (a loader, a list, a
+        generator) and calls neither batches() nor step(). Every update until the end of the run went into one step,
+        its loss the last logged. From now on the model's first training forward after an update opens the next
+        step (a loop that calls ``watch.step()`` at the bottom of its loop marks its second step before that)."""
+        if not self._tracker.marked:
+            self._hooks.open_steps_at_forwards(self._step_at_forward)
+
+    def _step_at_forward(self, module: Any, args: Any, kwargs: Any) -> None:
+        tracker = self._tracker
+        if tracker.marked:
+            self._hooks.stop_steps_at_forwards()
+            return
+        s = tracker.cur
+        if tracker.off or s is None or (s.opt_step is None and not s.opt_skipped):
+            return  # no update yet in this step: its next micro-batch (accumulation), or its other parts' forwards
+        if not module.training or not torch.is_grad_enabled():
+            return  # an evaluation between updates: the step's
+        self._unmarked_forwards += 1
+        if len(self._hooks.optimizers) > 1:
+            # A GAN's generator forwards after its discriminator's update, in the same step: where one ends is not
+            # known. Said at the second such forward (a loop that marks its steps at the bottom has marked by then).
+            if self._unmarked_forwards == 2:
+                self._hooks.stop_steps_at_forwards()
+                print(
+                    f"tuiwatch: {self.name}: the loop marks no steps (neither watch.batches() nor watch.step()), and "
+                    "with several optimizers where a step ends is not known: the run stays in one step; call "
+                    "watch.step() where each step begins",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return
+        if self._unmarked_forwards == 1:
+            print(
+                f"tuiwatch: {self.name}: the loop marks no steps (neither watch.batches() nor watch.step()): a step "
+                "opens at each training forward after an update, without data wait or sample ids; "
+                "`for batch in watch.batches(loader)` records them",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._boundary(time.perf_counter())
+
     # --- called by the process-wide hooks (publisher/process.py) ---------------------------
 
     def _record_oom(self, failure: BaseException) -> None:
@@ -565,6 +621,10 @@ class Watch:
         self._finalizer.detach()  # the parent's run: a child never ends it
         self._tracker.off = True
         self._pipeline.abandon_after_fork()
+
+
+def _nothing() -> None:
+    return None  # the first update of a Watch collected meanwhile
 
 
 def _no_dump(found: Any, records: Any) -> None:

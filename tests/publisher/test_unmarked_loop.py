@@ -1,0 +1,177 @@
+"""A loop that marks no steps: ``Watch(model, opt)`` and a loop that draws its batches itself, neither
+``watch.batches()`` nor ``watch.step()``.
+
+Written after such a loop (a DataLoader iterated directly, a list of batches, a generator) had one step record for
+the whole run: twenty updates in step 0, its loss the last one logged, and nothing said. Now a training forward after
+an update opens the next step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from tuiwatch.ledger.records import Record
+from tuiwatch.publisher.watch import Watch
+
+from ..helpers import records
+
+UNMARKED = "the loop marks no steps"
+
+
+def _loader(batches: int) -> DataLoader[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(batches * 8, 4, generator=g), torch.randint(0, 3, (batches * 8,), generator=g))
+    return DataLoader(data, batch_size=8)
+
+
+def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def _steps(watch: Watch) -> list[Record]:
+    assert watch.ledger_path is not None
+    return records(watch.ledger_path, "step")
+
+
+def test_a_loop_over_its_own_loader_logging_after_the_update_gets_a_step_per_update(
+    run_root: Path, capsys: pytest.CaptureFixture[str]
+):
+    model, opt = _model()
+    watch = Watch(model, opt, run_dir=run_root, name="unmarked", system=False, quiet=True)
+    losses = []
+    for i, (x, y) in enumerate(_loader(20)):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        watch.log(loss=loss.item())  # after the update: still this step's, not the next one's
+        losses.append(loss.item())
+        if i % 5 == 4:
+            with torch.no_grad():  # an evaluation between updates opens no step
+                model(x)
+    watch.close()
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == list(range(20))
+    assert [s["opt_step"] for s in steps] == list(range(1, 21))
+    assert [s["loss"] for s in steps] == losses
+    assert all(s["data_wait_s"] is None for s in steps)  # not measured, never 0
+    # The step opens before its forward: the forward phase is the forward's, within the step's time (a step with the
+    # evaluation's forward too has two, and no phases).
+    phased = [s for s in steps[1:] if s["step"] % 5 != 4]
+    assert all(s["forward_s"] is not None and 0 <= s["forward_s"] <= s["compute_s"] for s in phased)
+    lines = [line for line in capsys.readouterr().err.splitlines() if UNMARKED in line]
+    assert len(lines) == 1
+    assert "watch.batches(loader)" in lines[0]
+
+
+def test_gradient_accumulation_without_marks_is_a_step_per_update(run_root: Path):
+    model, opt = _model()
+    watch = Watch(model, opt, run_dir=run_root, name="accumulating", system=False, quiet=True)
+    per_update = []
+    for i, (x, y) in enumerate(_loader(24)):
+        loss = nn.functional.cross_entropy(model(x), y) / 4
+        loss.backward()
+        watch.log(loss=loss)
+        if i % 4 == 3:
+            opt.step()
+            opt.zero_grad()
+            per_update.append(loss.item())
+    watch.close()
+    steps = _steps(watch)
+    assert [s["opt_step"] for s in steps] == list(range(1, 7))
+    assert [s["loss"] for s in steps] == pytest.approx(per_update)  # each step's last micro-batch's
+
+
+def test_a_loop_that_marks_its_steps_at_the_bottom_is_left_as_it_marks_them(
+    run_root: Path, capsys: pytest.CaptureFixture[str]
+):
+    model, opt = _model()
+    watch = Watch(model, opt, run_dir=run_root, name="marked", system=False, quiet=True)
+    batches = list(_loader(10))
+    for x, y in batches:
+        loss = nn.functional.cross_entropy(model(x), y)
+        watch.log(loss=loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        watch.step()  # the boundary after this update: the loop's first comes after its first update
+    watch.close()
+    steps = _steps(watch)
+    assert [s["opt_step"] for s in steps] == list(range(1, 11))
+    assert all(type(s["loss"]) is float for s in steps)
+    assert UNMARKED not in capsys.readouterr().err
+    assert not any(len(m._forward_pre_hooks) for m in model.modules())  # its hook came off at the second step
+
+
+def test_a_model_called_by_its_parts_without_marks_gets_a_step_per_update(run_root: Path):
+    class ActorCritic(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.actor = nn.Linear(4, 3)
+            self.critic = nn.Linear(4, 1)
+
+    torch.manual_seed(0)
+    agent = ActorCritic()
+    opt = torch.optim.SGD(agent.parameters(), lr=0.01)
+    watch = Watch(agent, opt, run_dir=run_root, name="parts", system=False, quiet=True)
+    for x, y in _loader(12):
+        loss = nn.functional.cross_entropy(agent.actor(x), y) + agent.critic(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        watch.log(loss=loss)
+    watch.close()
+    steps = _steps(watch)
+    assert [s["opt_step"] for s in steps] == list(range(1, 13))
+    # The parts are watched from the first update (the model's own forward never ran): each later step's outputs
+    # are checked.
+    assert steps[0]["finite"]["forward"] is None
+    assert all(s["finite"]["forward"] for s in steps[1:])
+
+
+@pytest.mark.parametrize("marks", [False, True])
+def test_several_optimizers_without_marks_are_told_to_mark_their_steps(
+    run_root: Path, capsys: pytest.CaptureFixture[str], marks: bool
+):
+    class Gan(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.generator = nn.Linear(2, 4)
+            self.discriminator = nn.Linear(4, 1)
+
+        def forward(self, z: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.generator(z)
+            return out
+
+    torch.manual_seed(0)
+    gan = Gan()
+    d_opt = torch.optim.SGD(gan.discriminator.parameters(), lr=0.01)
+    g_opt = torch.optim.SGD(gan.generator.parameters(), lr=0.01)
+    watch = Watch(gan, [d_opt, g_opt], run_dir=run_root, name="gan", system=False, quiet=True)
+    for _ in range(6):
+        z, real = torch.randn(8, 2), torch.randn(8, 4)
+        d_loss = gan.discriminator(gan(z).detach()).mean() - gan.discriminator(real).mean()
+        d_opt.zero_grad()
+        d_loss.backward()
+        d_opt.step()
+        g_loss = -gan.discriminator(gan(z)).mean()  # the generator's forward, after the discriminator's update
+        g_opt.zero_grad()
+        g_loss.backward()
+        g_opt.step()
+        if marks:
+            watch.step()
+    watch.close()
+    said = [line for line in capsys.readouterr().err.splitlines() if UNMARKED in line]
+    if marks:
+        assert said == []
+        assert len(_steps(watch)) == 6
+    else:
+        assert len(said) == 1
+        assert "call watch.step() where each step begins" in said[0]
