@@ -301,13 +301,7 @@ class ModelHooks:
     def open_steps_at_forwards(self, before_forward: Callable[[Any, Any, Any], None]) -> None:
         """Call ``before_forward(module, args, kwargs)`` before each forward of the model (or of its parts, once
         they are watched in its place): for a loop that marks no steps (watch.py)."""
-        self._at_forward = before_forward
-        parts = self.parts
-        # Called at the first update: a model whose forward has not run is watched by its parts now, not at the second
-        # update (whose step would then hold two), and _watch_parts puts this on each part.
-        self._forward_seen()
-        if parts is None and self.parts is not None:
-            return
+        self._at_forward = before_forward  # (and on the parts, if they are watched later: _watch_parts)
         for module in self.forward_modules():
             self._at_forward_handles.append(self.attached.forward_pre_hook(module, ForwardHook(before_forward)))
 
