@@ -141,3 +141,33 @@ def test_a_run_ending_leaves_a_socket_bound_over_its_path_in_place(run_root: Pat
     finally:
         later.close()
         path.unlink()
+
+
+def test_the_step_a_collected_watch_had_open_is_its_run_s_last(run_root: Path, socket_dir: Path):
+    # A loop that marks no steps leaves its last step open when it returns; the Watch collected then had it, and the
+    # run's last update was missing from the ledger (its end said 19 steps of 20).
+    def trial() -> tuple[list[float], Path | None, Path | None]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        watch = tuiwatch.Watch(model, optimizer, run_dir=run_root, name="unmarked", system=False, quiet=True)
+        losses = []
+        for _ in range(20):
+            x = torch.randn(8, 2)
+            loss = nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            watch.log(loss=loss.item())
+            losses.append(loss.item())
+        return losses, watch.ledger_path, watch.socket_path
+
+    losses, ledger, socket_path = trial()
+    gc.collect()
+    assert ledger is not None
+    end = _wait_closed(ledger, socket_path)
+    assert (end["steps"], end["opt_steps"]) == (20, 20)
+    steps = records(ledger, "step")
+    assert [s["loss"] for s in steps] == losses
+    assert steps[-1]["compute_s"] is None  # its end was not seen: not a made-up time
+    assert all(s["compute_s"] is not None for s in steps[:-1])

@@ -112,6 +112,18 @@ class StepState:
     def ready(self) -> bool:
         return not any_made() or all(is_ready(v) for v in self.deferred())
 
+    def worth_a_record(self) -> bool:
+        """One of the steps ``every`` records (or forced), with something in it: a boundary with nothing in it is
+        not a step."""
+        if not self.measured and not self.step_forced:
+            return False
+        return self.batch is not None or bool(self.metrics) or self.grad_norm is not None or self.opt_step is not None
+
+    def used(self) -> bool:
+        """Whether the loop did anything in the step beyond drawing its batch: a forward, an optimizer step, a value
+        logged. A step left open with its batch alone was drawn for another model, or for nothing."""
+        return self.forwards > 0 or self.opt_start is not None or bool(self.metrics)
+
     def batches(self) -> list[BatchInfo]:
         return [] if self.batch is None else [self.batch, *self.folded] if self.folded else [self.batch]
 

@@ -84,7 +84,7 @@ class StepTracker:
         if wait is not None or data_wait_s is not None:
             s.data_wait_s = (wait or 0.0) + (data_wait_s or 0.0)
         self.step += 1
-        self.cur = s
+        self.cur = self.pipeline.open_step = s
         self.last_boundary = start
         if self.on_open is not None:
             self.on_open(s)
@@ -153,14 +153,12 @@ class StepTracker:
         s = self.cur
         if s is None:
             return
-        self.cur = None
+        self.cur = self.pipeline.open_step = None
         self.last_boundary = now
         if self.on_end is not None:
             self.on_end(s)
-        if not s.measured and not s.step_forced:
+        if not s.worth_a_record():
             return
-        if s.batch is None and not s.metrics and s.grad_norm is None and s.opt_step is None:
-            return  # an empty step (a boundary with nothing in it) is not a step
         s.compute_s = now - s.started - (fetched or 0.0) - s.not_compute
         if s.device_start is not None:
             s.compute_s = PendingDuration(s.device_start, device_mark(), s.compute_s)
@@ -196,7 +194,7 @@ class StepTracker:
         opens, because a loop may be leaving by an exception: the run then ends in that step (put_back())."""
         s = self.cur
         if s is not None:
-            self.cur = None
+            self.cur = self.pipeline.open_step = None
             self.step -= 1
             self.left = s
 
@@ -204,7 +202,7 @@ class StepTracker:
         """The run ends by an exception (close()): the step leave() set aside is the one it failed in."""
         s, self.left = self.left, None
         if s is not None and self.cur is None and self.step == s.step:
-            self.cur = s
+            self.cur = self.pipeline.open_step = s
             self.step += 1
 
     def _forget_left(self) -> None:

@@ -22,16 +22,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from tuiwatch.ledger.records import AlertRecord, EndRecord, PublisherRecord, Record
 from tuiwatch.ledger.writer import LedgerStore
-from tuiwatch.publisher.background.buffer import WAKE_AT, Item, RecordBuffer
+from tuiwatch.publisher.background.buffer import WAKE_AT, Item, PendingRecord, RecordBuffer
 from tuiwatch.publisher.background.server import Server, TcpListener
 from tuiwatch.publisher.background.sink import LedgerSink
 from tuiwatch.publisher.background.system import SystemSampler
 from tuiwatch.rules import Diagnosis
 from tuiwatch.wire.protocol import Command
+
+
+class OpenStep(PendingRecord, Protocol):
+    def worth_a_record(self) -> bool: ...
+    def used(self) -> bool: ...
 
 
 class Counters(NamedTuple):
@@ -80,6 +85,8 @@ class Pipeline:
         self._end: EndRecord | None = None
         self._then: Callable[[], None] | None = None
         self._collected = False  # closed by the finalizer of a Watch collected unclosed: the end is made here
+        # The training thread's open step (set by its StepTracker), which a Watch collected unclosed never ended.
+        self.open_step: OpenStep | None = None
         self._stopping = threading.Event()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -188,6 +195,7 @@ class Pipeline:
         while not self._stopping.is_set():
             self._guard(self._cycle)
         self._guard(lambda: self._drain(final=True))
+        self._guard(self._write_open_step)
         self._guard(self._write_end)
         if self.server is not None:
             self._guard(self.server.close)
@@ -315,6 +323,14 @@ class Pipeline:
         if end is not None:
             counters = {k: v for k, v in self.counters_record().items() if k not in ("kind", "t")}
             self._append([{**end, **counters}], last=True)
+
+    def _write_open_step(self) -> None:
+        """A Watch collected unclosed: the step it had open (the last of a loop that marks no steps) is the run's last,
+        its compute time unknown (its end was not seen), unless it holds nothing but a batch drawn (for another model:
+        ``tuiwatch run``'s teacher, then its student). A Watch closed by the loop ended it itself."""
+        s, self.open_step = self.open_step, None
+        if self._collected and s is not None and s.worth_a_record() and s.used():
+            self._append(self._diagnose([s.build()]))
 
     def _end_of_collected(self) -> EndRecord:
         """The end of a Watch collected unclosed: ``steps`` and ``opt_steps`` as the last step records diagnosed say
