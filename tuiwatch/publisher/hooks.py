@@ -185,15 +185,13 @@ class Attached:
 
     def forward_hook(self, module: torch.nn.Module, hook: ForwardHook) -> Any:
         # always_call: the hook also runs when the forward raises, which is how an OOM in it is seen.
-        handle = module.register_forward_hook(hook, always_call=True)
-        self.handles.append(handle)
-        pickling.hide_hooks(type(module), is_forward_hook)
-        self.hidden.append(type(module))
-        return handle
+        return self._held(module, module.register_forward_hook(hook, always_call=True))
 
     def forward_pre_hook(self, module: torch.nn.Module, hook: ForwardHook) -> Any:
         # with_kwargs: torch then calls it with three arguments, as a ForwardHook is called.
-        handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+        return self._held(module, module.register_forward_pre_hook(hook, with_kwargs=True))
+
+    def _held(self, module: torch.nn.Module, handle: Any) -> Any:
         self.handles.append(handle)
         pickling.hide_hooks(type(module), is_forward_hook)
         self.hidden.append(type(module))

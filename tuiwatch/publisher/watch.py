@@ -572,8 +572,8 @@ class Watch:
 
     def _unmarked_loop(self) -> None:
         """The first update, and the loop has marked no step: it draws its batches itself (a loader, a list, a
-        generator) and calls neither batches() nor step(). Every update until the end of the run went into one step,
-        its loss the last logged. From now on the model's first training forward after an update opens the next
+        generator) and calls neither batches() nor step(). Left so, every update to the end of the run would be in one
+        step, its loss the last logged. From now on the model's first training forward after an update opens the next
         step (a loop that calls ``watch.step()`` at the bottom of its loop marks its second step before that)."""
         if not self._tracker.marked:
             self._hooks.open_steps_at_forwards(self._step_at_forward)
