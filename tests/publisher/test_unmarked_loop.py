@@ -174,3 +174,26 @@ def test_several_optimizers_without_marks_are_told_to_mark_their_steps(
     else:
         assert len(said) == 1
         assert "call watch.step() where each step begins" in said[0]
+
+
+@pytest.mark.parametrize("marks", [False, True])
+def test_a_loop_without_an_optimizer_or_marks_is_told_at_its_end_that_it_was_one_step(
+    run_root: Path, capsys: pytest.CaptureFixture[str], marks: bool
+):
+    # word_language_model's update, p.data.add_(p.grad, alpha=-lr): with no optimizer to hook, an update is told only
+    # at a step's end, so a loop that marks none cannot be given steps. It is told so, not left to find none.
+    model, _ = _model()
+    watch = Watch(model, run_dir=run_root, name="manual", system=False, quiet=True)
+    for x, y in _loader(5):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        for p in model.parameters():
+            assert p.grad is not None
+            p.data.add_(p.grad, alpha=-0.1)
+        if marks:
+            watch.step()
+    watch.close()
+    said = [line for line in capsys.readouterr().err.splitlines() if "the loop marked no steps" in line]
+    # Unmarked, its forwards opened no step and it logged nothing: no step at all.
+    assert [s["opt_step"] for s in _steps(watch)] == ([1, 2, 3, 4, 5] if marks else [])
+    assert len(said) == (0 if marks else 1)

@@ -195,7 +195,8 @@ class Watch:
             name=self.name,
         )
         self._hooks.attach()
-        if integration is None:  # (an integration marks its steps itself, from its framework's or script's events)
+        self._own_marks = integration is None  # (an integration marks its steps itself, from its framework's events)
+        if self._own_marks:
             tracker.on_first_update = weakly(self._unmarked_loop, _nothing)
         self._replicated = replicated(model, optimizer, self.run_record["world_size"])
         # The thread holds the Watch's parts weakly, and a finalizer ends a run whose Watch the loop let go of.
@@ -547,6 +548,14 @@ class Watch:
         elif self.should_stop:
             reason = "stopped"  # the loop ended because a viewer asked it to
         self._finalizer.detach()
+        if self._own_marks and not tracker.marked and not self._hooks.optimizers and tracker.training_forwards > 1:
+            print(
+                f"tuiwatch: {self.name}: the loop marked no steps (neither watch.batches() nor watch.step()), and "
+                "without an optimizer the Watch tells an update only where a step ends: this run has no step per "
+                "update; call watch.step() where each step begins",
+                file=sys.stderr,
+                flush=True,
+            )
         tracker.end(time.perf_counter())
         tracker.off = self._closed = True
         self._commands.paused = False
