@@ -549,12 +549,9 @@ class Watch:
             reason = "stopped"  # the loop ended because a viewer asked it to
         self._finalizer.detach()
         if self._own_marks and not tracker.marked and not self._hooks.optimizers and tracker.training_forwards > 1:
-            print(
-                f"tuiwatch: {self.name}: the loop marked no steps (neither watch.batches() nor watch.step()), and "
-                "without an optimizer the Watch tells an update only where a step ends: this run has no step per "
-                "update; call watch.step() where each step begins",
-                file=sys.stderr,
-                flush=True,
+            self._say(
+                f"the loop marked {NO_MARKS}, and without an optimizer the Watch tells an update only where a step "
+                "ends: this run has no step per update; call watch.step() where each step begins"
             )
         tracker.end(time.perf_counter())
         tracker.off = self._closed = True
@@ -603,23 +600,20 @@ class Watch:
             # known. Said at the second such forward (a loop that marks its steps at the bottom has marked by then).
             if self._unmarked_forwards == 2:
                 self._hooks.stop_steps_at_forwards()
-                print(
-                    f"tuiwatch: {self.name}: the loop marks no steps (neither watch.batches() nor watch.step()), and "
-                    "with several optimizers where a step ends is not known: the run stays in one step; call "
-                    "watch.step() where each step begins",
-                    file=sys.stderr,
-                    flush=True,
+                self._say(
+                    f"the loop marks {NO_MARKS}, and with several optimizers where a step ends is not known: the run "
+                    "stays in one step; call watch.step() where each step begins"
                 )
             return
         if self._unmarked_forwards == 1:
-            print(
-                f"tuiwatch: {self.name}: the loop marks no steps (neither watch.batches() nor watch.step()): a step "
-                "opens at each training forward after an update, without data wait or sample ids; "
-                "`for batch in watch.batches(loader)` records them",
-                file=sys.stderr,
-                flush=True,
+            self._say(
+                f"the loop marks {NO_MARKS}: a step opens at each training forward after an update, without data "
+                "wait or sample ids; `for batch in watch.batches(loader)` records them"
             )
         self._boundary(time.perf_counter())
+
+    def _say(self, line: str) -> None:
+        print(f"tuiwatch: {self.name}: {line}", file=sys.stderr, flush=True)
 
     # --- called by the process-wide hooks (publisher/process.py) ---------------------------
 
@@ -630,6 +624,9 @@ class Watch:
         self._finalizer.detach()  # the parent's run: a child never ends it
         self._tracker.off = True
         self._pipeline.abandon_after_fork()
+
+
+NO_MARKS = "no steps (neither watch.batches() nor watch.step())"
 
 
 def _nothing() -> None:
