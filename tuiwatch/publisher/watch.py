@@ -48,6 +48,7 @@ T = TypeVar("T")
 ON_NONFINITE = ("stop", "skip", "warn")
 STEP_PER = ("batch", "optimizer")
 STOP_MODES = ("flag", "raise")
+NO_MARKS = "no steps (neither watch.batches() nor watch.step())"  # what a loop that marks none is told it marks
 
 
 class Watch:
@@ -195,8 +196,7 @@ class Watch:
             name=self.name,
         )
         self._hooks.attach()
-        self._own_marks = integration is None  # (an integration marks its steps itself, from its framework's events)
-        if self._own_marks:
+        if integration is None:  # (an integration marks its steps itself, from its framework's events)
             tracker.on_first_update = weakly(self._unmarked_loop, _nothing)
         self._replicated = replicated(model, optimizer, self.run_record["world_size"])
         # The thread holds the Watch's parts weakly, and a finalizer ends a run whose Watch the loop let go of.
@@ -548,7 +548,8 @@ class Watch:
         elif self.should_stop:
             reason = "stopped"  # the loop ended because a viewer asked it to
         self._finalizer.detach()
-        if self._own_marks and not tracker.marked and not self._hooks.optimizers and tracker.training_forwards > 1:
+        unmarked = not tracker.marked and self.run_record["integration"] is None
+        if unmarked and not self._hooks.optimizers and tracker.training_forwards > 1:
             self._say(
                 f"the loop marked {NO_MARKS}, and without an optimizer the Watch tells an update only where a step "
                 "ends: this run has no step per update; call watch.step() where each step begins"
@@ -624,9 +625,6 @@ class Watch:
         self._finalizer.detach()  # the parent's run: a child never ends it
         self._tracker.off = True
         self._pipeline.abandon_after_fork()
-
-
-NO_MARKS = "no steps (neither watch.batches() nor watch.step())"
 
 
 def _nothing() -> None:

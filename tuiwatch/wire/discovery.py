@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Callable, Collection
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -187,10 +188,10 @@ def find_socket_by_name(
     """The socket of the newest live run called ``name`` (of that ``rank``, for a job's rank), for reconnecting
     after a restart; none of the sockets in ``skip`` (the runs that were already beside the one that ended)."""
     try:
-        runs = [r for r in list_live_runs(directory, timeout=0.5) if r.name == name and rank in (None, r.rank)]
+        live = list_live_runs(directory, timeout=0.5)
     except Exception:
         return None
-    runs = [r for r in runs if socket_id(r.socket) not in skip]
+    runs = [r for r in live if r.name == name and rank in (None, r.rank) and socket_id(r.socket) not in skip]
     return Path(max(runs, key=lambda r: r.pid).socket) if runs else None
 
 
@@ -302,22 +303,17 @@ def choose_remote_run(remote: Remote) -> LiveRun:
 
 def _each(host: str, grouped: list[LiveRun | LiveJob]) -> str:
     """``HOST:NAME or HOST:PID or …``, each naming one of ``grouped`` alone: its name where no other run has it,
-    else its pid (or a job's run id), else its socket (two Watches of one process share name and pid)."""
-
-    def alone(key: str, of: Callable[[LiveRun | LiveJob], str]) -> bool:
-        return sum(of(g) == key for g in grouped) == 1
-
-    def pid(g: LiveRun | LiveJob) -> str:
-        return g.run_id if isinstance(g, LiveJob) else str(g.pid)
-
+    else a job's run id or a run's pid, else its socket (two Watches of one process share name and pid)."""
+    names = Counter(g.name for g in grouped)
+    pids = Counter(g.pid for g in grouped if isinstance(g, LiveRun))
     targets = []
     for g in grouped:
-        if alone(g.name, lambda o: o.name):
+        if names[g.name] == 1:
             targets.append(g.name)
-        elif alone(pid(g), pid) or isinstance(g, LiveJob):
-            targets.append(pid(g))
+        elif isinstance(g, LiveJob):
+            targets.append(g.run_id)
         else:
-            targets.append(g.socket)
+            targets.append(str(g.pid) if pids[g.pid] == 1 else g.socket)
     return " or ".join(f"{host}:{shlex.quote(t)}" for t in targets)
 
 
