@@ -177,23 +177,65 @@ def test_several_optimizers_without_marks_are_told_to_mark_their_steps(
 
 
 @pytest.mark.parametrize("marks", [False, True])
-def test_a_loop_without_an_optimizer_or_marks_is_told_at_its_end_that_it_was_one_step(
+def test_a_loop_without_an_optimizer_or_marks_gets_a_step_per_backward(
     run_root: Path, capsys: pytest.CaptureFixture[str], marks: bool
 ):
-    # word_language_model's update, p.data.add_(p.grad, alpha=-lr): with no optimizer to hook, an update is told only
-    # at a step's end, so a loop that marks none cannot be given steps. It is told so, not left to find none.
+    # word_language_model's loop without --use-optimizer: the gradients zeroed to None at the top, a clip, the update
+    # by hand (p.data.add_(p.grad, alpha=-lr)). With no optimizer to hook, its update was told only where a step
+    # ended, when the gradients were already gone: an unmarked run had no step record at all. Now the end of each
+    # backward through the model's output tells it, with its pre-clip norm.
     model, _ = _model()
     watch = Watch(model, run_dir=run_root, name="manual", system=False, quiet=True)
-    for x, y in _loader(5):
-        model.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+    losses, norms, params = [], [], []
+    for i, (x, y) in enumerate(_loader(5)):
+        model.zero_grad()  # to None, before the forward that opens the step
+        loss = nn.functional.cross_entropy(model(x), y)
+        watch.log(loss=loss)
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)))
         for p in model.parameters():
             assert p.grad is not None
             p.data.add_(p.grad, alpha=-0.1)
+        losses.append(loss.item())
+        params.append(float(torch.linalg.vector_norm(torch.cat([p.detach().flatten() for p in model.parameters()]))))
+        if i == 2:
+            with torch.no_grad():  # an evaluation between updates opens no step
+                model(x)
+            # nor does a gradient taken with torch.autograd.grad (no .grad of the model's is made)
+            torch.autograd.grad(model(x).sum(), list(model.parameters()))
         if marks:
             watch.step()
     watch.close()
+    steps = _steps(watch)
+    assert [s["opt_step"] for s in steps] == [1, 2, 3, 4, 5]
+    assert [s["loss"] for s in steps] == pytest.approx(losses)
+    assert [s["grad_norm"] for s in steps] == pytest.approx(norms)  # before the clip (0.05 clipped them all)
+    assert all(s["grad_norm_clipped"] for s in steps)
+    assert steps[0]["param_norm"] == pytest.approx(params[0], rel=1e-5)  # after the update by hand
+    assert steps[0]["update_norm"] > 0
+    said = capsys.readouterr().err.splitlines()
+    told = [line for line in said if "the loop marks no steps" in line]
+    assert told == ([] if marks else [told[0]])
+    assert marks or "after a backward" in told[0]
+    assert not [line for line in said if "the loop marked no steps" in line]
+
+
+def test_a_loop_without_an_optimizer_or_marks_whose_backwards_are_not_seen_is_told_at_its_end(
+    run_root: Path, capsys: pytest.CaptureFixture[str]
+):
+    # A loss the loop makes without the model's output (a loss of the parameters alone): no backward through the
+    # output tells an update, so the run is one step, and it is told so rather than left to find none.
+    model, _ = _model()
+    watch = Watch(model, run_dir=run_root, name="manual", system=False, quiet=True)
+    for x, _y in _loader(5):
+        model.zero_grad()
+        model(x)
+        torch.stack([p.square().sum() for p in model.parameters()]).sum().backward()
+        for p in model.parameters():
+            assert p.grad is not None
+            p.data.add_(p.grad, alpha=-0.1)
+    watch.close()
     said = [line for line in capsys.readouterr().err.splitlines() if "the loop marked no steps" in line]
-    # Unmarked, its forwards opened no step and it logged nothing: no step at all.
-    assert [s["opt_step"] for s in _steps(watch)] == ([1, 2, 3, 4, 5] if marks else [])
-    assert len(said) == (0 if marks else 1)
+    assert len(said) == 1
+    assert "call watch.step() where each step begins" in said[0]
+    assert _steps(watch) == []

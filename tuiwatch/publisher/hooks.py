@@ -155,18 +155,40 @@ def _gradient_mark(optimizer: Any) -> tuple[Any, int] | None:
     """An optimizer's gradients as they are now: its first gradient (held weakly: a gradient set to None and made
     again may get the freed one's id) and that gradient's version (a backward adds into it in place)."""
     for group in optimizer.param_groups:
-        for p in group["params"]:
-            grad = p.grad
-            if grad is not None:
-                return weakref.ref(grad), grad._version
+        mark = _first_gradient_mark(group["params"])
+        if mark is not None:
+            return mark
+    return None
+
+
+def _first_gradient_mark(params: Iterable[torch.Tensor]) -> tuple[Any, int] | None:
+    for p in params:
+        grad = p.grad
+        if grad is not None:
+            return weakref.ref(grad), grad._version
     return None
 
 
 def _unchanged(mark: tuple[Any, int] | None, optimizer: Any) -> bool:
-    now = _gradient_mark(optimizer)
+    return _same_mark(mark, _gradient_mark(optimizer))
+
+
+def _same_mark(mark: tuple[Any, int] | None, now: tuple[Any, int] | None) -> bool:
     if mark is None or now is None:
         return mark is None and now is None
     return mark[0]() is now[0]() and mark[1] == now[1]
+
+
+def _weak_tensor_hook(method: Any) -> Callable[[Any], None]:
+    """A tensor hook that calls ``method`` while its object lives: an output the loop keeps never holds the Watch."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(grad: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(grad)
+
+    return hook
 
 
 def is_forward_hook(hook: Any) -> bool:
@@ -252,6 +274,12 @@ class ModelHooks:
         self.parts: dict[int, torch.nn.Module] | None = None  # a model watched by its parts (parts.py): id -> part
         self._at_forward: Any = None  # a loop that marks no steps: what opens a step at a training forward (watch.py)
         self._at_forward_handles: list[Any] = []
+        # No optimizer and no marks (watch.py): an update is told where a backward through the model's output ends.
+        self.updates_at_backward = False
+        self._grads_at_open: tuple[Any, int] | None = None
+        self._grads_at_backward: tuple[Any, int] | None = None
+        self._backward_queued = False
+        self._backward_began_weakly = _weak_tensor_hook(self._backward_began)
 
     def attach(self) -> None:
         if self._several:
@@ -588,9 +616,11 @@ class ModelHooks:
             self._forward_seen()
 
     def at_step_open(self, s: StepState) -> None:
-        """No optimizer: keep the weights the update norm compares with, on the steps that sample it."""
+        """No optimizer: keep the weights the update norm compares with, on the steps that sample it, and the
+        gradients as they are (a step that ends with the same ones ran no backward)."""
         tracker = self.tracker
         params = self.params()
+        self._grads_at_open = _first_gradient_mark(params)
         if params and s.measured and tracker.opt_steps % self.update_norm_every == 0:
             self._before_update = self._snapshot(params)
 
@@ -598,21 +628,69 @@ class ModelHooks:
         """No optimizer: a step that ends with gradients was an update; its norms are read from the model now."""
         before, self._before_update = self._before_update, None
         params = self.params()
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return  # no backward in this step (or the loop zeroed the gradients to None before the boundary)
         tracker = self.tracker
-        if tracker.opt_steps == 1:
-            self._forward_seen()
-        tracker.updated(s)
+        if s.opt_step is None:  # (an unmarked loop's update was told where its backward ended: _backward_ended)
+            grads = [p.grad for p in params if p.grad is not None]
+            if not grads or _same_mark(self._grads_at_open, _first_gradient_mark(params)):
+                # No backward in this step (or the loop zeroed the gradients to None before the boundary). The same
+                # gradients as at its open: the last step's, left there (a loop that zeroes them at its top, and the
+                # step its last watch.step() opened, ended by close()).
+                return
+            self._update_without_optimizer(s, grads)
         if not s.measured:
             return
-        if s.grad_norm is None:  # watch.clip_grad_norm_ gives the pre-clip norm; this one is after any clipping
-            s.grad_norm = total_norm(grads)
         if (tracker.opt_steps - 1) % self.param_norm_every == 0:
             s.param_norm = defer_tensor(total_norm(params))
         if before is not None:
             s.update_norm = defer_tensor(self._update_norm(before))
+
+    def _update_without_optimizer(self, s: StepState, grads: list[torch.Tensor]) -> None:
+        """No optimizer: ``s`` updated the model with ``grads`` (by hand, after them)."""
+        tracker = self.tracker
+        if tracker.opt_steps == 1:
+            self._forward_seen()
+        tracker.updated(s)
+        if s.measured and s.grad_norm is None:  # watch.clip_grad_norm_ gives the pre-clip norm: after any clip
+            s.grad_norm = total_norm(grads)
+
+    def _hook_backward(self, output: Any) -> None:
+        """No optimizer and no marks: a training forward's output tells when a backward through it begins."""
+        self._backward_queued = False  # (a backward that raised never ran its callback)
+        try:
+            out = output if type(output) is torch.Tensor else output_tensor(output)
+            if out is not None and out.requires_grad:
+                out.register_hook(self._backward_began_weakly)  # type: ignore[no-untyped-call]  # (untyped in torch)
+        except Exception:  # noqa: S110 - an output that takes no hook: its backward is not told
+            pass
+
+    def _backward_began(self, grad: Any) -> None:
+        # The gradients are complete only when the whole backward has run: told then, once a backward.
+        if not self._backward_queued:
+            self._backward_queued = True
+            self._grads_at_backward = _first_gradient_mark(self.params())
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+
+    def _backward_ended(self) -> None:
+        """No optimizer and no marks: a backward through the model's output has ended. The loop updates the weights
+        by hand after it (word_language_model's ``p.data.add_(p.grad, alpha=-lr)``), and may zero the gradients to
+        None before the next forward: the update, and its pre-clip gradient norm, are told now. The next training
+        forward opens the next step (watch.py)."""
+        self._backward_queued = False
+        tracker = self.tracker
+        try:
+            if tracker.off or tracker.marked:
+                return
+            s = tracker.current()
+            if s.opt_step is not None:
+                return  # a second backward before the next forward: the same update
+            params = self.params()
+            if _same_mark(self._grads_at_backward, _first_gradient_mark(params)):
+                return  # no gradient of the model's made (torch.autograd.grad through the output, a MAML inner step)
+            grads = [p.grad for p in params if p.grad is not None]
+            if grads:
+                self._update_without_optimizer(s, grads)
+        except Exception:  # noqa: S110 - never the backward's failure: this update is not told
+            pass
 
     def after_forward(self, module: Any, args: Any, output: Any) -> None:
         if module is not self.model:
@@ -701,4 +779,6 @@ class ModelHooks:
             evaluation.forwards += 1
             evaluation.training = bool(evaluation.training) or training
             return None
+        if self.updates_at_backward and training and not tracker.marked:
+            self._hook_backward(output)
         return tracker.cur

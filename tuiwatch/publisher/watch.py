@@ -198,6 +198,8 @@ class Watch:
         self._hooks.attach()
         if integration is None:  # (an integration marks its steps itself, from its framework's events)
             tracker.on_first_update = weakly(self._unmarked_loop, _nothing)
+            # Without an optimizer to hook, a loop that marks no steps is told its updates at its backwards' ends.
+            self._hooks.updates_at_backward = not self._hooks.optimizers
         self._replicated = replicated(model, optimizer, self.run_record["world_size"])
         # The thread holds the Watch's parts weakly, and a finalizer ends a run whose Watch the loop let go of.
         publishing.start(
@@ -549,10 +551,11 @@ class Watch:
             reason = "stopped"  # the loop ended because a viewer asked it to
         self._finalizer.detach()
         unmarked = not tracker.marked and self.run_record["integration"] is None
-        if unmarked and not self._hooks.optimizers and tracker.training_forwards > 1:
+        if unmarked and not self._hooks.optimizers and tracker.training_forwards > 1 and not tracker.opt_steps:
+            # (a backward through the model's output tells an update: none ran, or the loss is not the output's)
             self._say(
-                f"the loop marked {NO_MARKS}, and without an optimizer the Watch tells an update only where a step "
-                "ends: this run has no step per update; call watch.step() where each step begins"
+                f"the loop marked {NO_MARKS} and no update was seen (no optimizer, and no backward through the "
+                "model's output): this run has no step per update; call watch.step() where each step begins"
             )
         tracker.end(time.perf_counter())
         tracker.off = self._closed = True
@@ -607,8 +610,9 @@ class Watch:
                 )
             return
         if self._unmarked_forwards == 1:
+            after = "an update" if self._hooks.optimizers else "a backward"
             self._say(
-                f"the loop marks {NO_MARKS}: a step opens at each training forward after an update, without data "
+                f"the loop marks {NO_MARKS}: a step opens at each training forward after {after}, without data "
                 "wait or sample ids; `for batch in watch.batches(loader)` records them"
             )
         self._boundary(time.perf_counter())
