@@ -8,6 +8,7 @@ an update opens the next step.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,35 @@ def test_a_loop_without_an_optimizer_or_marks_whose_backwards_are_not_seen_is_to
     assert len(said) == 1
     assert "call watch.step() where each step begins" in said[0]
     assert _steps(watch) == []
+
+
+def test_an_evaluation_after_an_epoch_is_not_the_compute_of_its_last_step(run_root: Path):
+    # word_language_model evaluates after each epoch, and on the test set after the last: in a loop that marks no
+    # steps the epoch's last step ends at the next training forward (or close()), and its compute_s held the whole
+    # evaluation (27.8 s for a 0.5 s step).
+    model, opt = _model()
+    watch = Watch(model, opt, run_dir=run_root, name="unmarked", system=False, quiet=True)
+    bounds = []
+    for _epoch in range(2):
+        for x, y in _loader(3):
+            began = time.perf_counter()  # before the training forward that opens the step
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            model(x)
+            first_evaluated = time.perf_counter()  # after the evaluation's first forward
+            for _ in range(200):
+                model(x)
+        model.train()
+        watch.log(val_loss=1.0)  # the evaluation's result: still the epoch's last step's
+        bounds.append(first_evaluated - began)
+    watch.close()
+    steps = _steps(watch)
+    assert [s["opt_step"] for s in steps] == [1, 2, 3, 4, 5, 6]
+    for last, bound in zip((steps[2], steps[5]), bounds, strict=True):
+        assert last["val_loss"] == 1.0
+        assert 0 < last["compute_s"] <= bound  # up to the evaluation's first forward at the latest

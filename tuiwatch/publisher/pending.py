@@ -76,6 +76,9 @@ class StepState:
     step_forced = False  # recorded although ``every`` would skip it (an OOM)
     micro_batches = 1
     not_compute = 0.0  # inside the step's span but not its work: folded micro-batches' waits, a validation block
+    # A loop that marks no steps: when the first forward of an evaluation after the step's update began (its step
+    # ends at the next training forward, so what runs from here on is not its compute)
+    evaluated_at: float | None = None
     scale: Any = None  # the GradScaler's scale at the step's end
     t_end = 0.0
     # perf_counter() at the phase boundaries: the model's first forward returned, the optimizer began and ended

@@ -557,7 +557,10 @@ class Watch:
                 f"the loop marked {NO_MARKS} and no update was seen (no optimizer, and no backward through the "
                 "model's output): this run has no step per update; call watch.step() where each step begins"
             )
-        tracker.end(time.perf_counter())
+        now = time.perf_counter()
+        if tracker.cur is not None:
+            _evaluation_set_aside(tracker.cur, now)  # the run's last evaluation (a loop that marks no steps)
+        tracker.end(now)
         tracker.off = self._closed = True
         self._commands.paused = False
         self._hooks.remove()
@@ -597,7 +600,11 @@ class Watch:
         if tracker.off or s is None or (s.opt_step is None and not s.opt_skipped):
             return  # no update yet in this step: its next micro-batch (accumulation), or its other parts' forwards
         if not module.training or not torch.is_grad_enabled():
-            return  # an evaluation between updates: the step's
+            # An evaluation after the update (an epoch's validation, a test set at the end): in the step, as a
+            # watch.log() of its result is, but not its compute. A validation() block sets its own time aside.
+            if s.evaluated_at is None and tracker.eval is None:
+                s.evaluated_at = time.perf_counter()
+            return
         self._unmarked_forwards += 1
         if len(self._hooks.optimizers) > 1:
             # A GAN's generator forwards after its discriminator's update, in the same step: where one ends is not
@@ -615,7 +622,9 @@ class Watch:
                 f"the loop marks {NO_MARKS}: a step opens at each training forward after {after}, without data "
                 "wait or sample ids; `for batch in watch.batches(loader)` records them"
             )
-        self._boundary(time.perf_counter())
+        now = time.perf_counter()
+        _evaluation_set_aside(s, now)
+        self._boundary(now)
 
     def _say(self, line: str) -> None:
         print(f"tuiwatch: {self.name}: {line}", file=sys.stderr, flush=True)
@@ -629,6 +638,13 @@ class Watch:
         self._finalizer.detach()  # the parent's run: a child never ends it
         self._tracker.off = True
         self._pipeline.abandon_after_fork()
+
+
+def _evaluation_set_aside(s: StepState, now: float) -> None:
+    """``s`` ends at ``now``: an evaluation that began after its update (a loop that marks no steps) is not its
+    compute."""
+    if s.evaluated_at is not None:
+        s.not_compute += now - s.evaluated_at
 
 
 def _nothing() -> None:
