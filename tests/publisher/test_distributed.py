@@ -166,3 +166,24 @@ def test_an_fsdp_job_says_its_ranks_norms_are_their_shards(tmp_path: Path):
         main += ranks.apply(rank, read_ledger(path), now=0.0)
     combined = [r["grad_norm"] for r in main if r["kind"] == "step"]
     assert combined == pytest.approx(json.loads((out / "rank0.json").read_text())["model"], rel=1e-5)
+
+
+def test_a_ddp_loop_without_an_optimizer_or_marks_records_the_all_reduced_norm_on_every_rank(tmp_path: Path):
+    # Its update is told where its backward ends: after DDP's own end-of-backward callback, which waits for the
+    # gradients' all-reduce. Told before it, each rank recorded its local gradients' norm.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(SCRIPTS / "ddp_by_hand.py")]
+    done = subprocess.run(
+        [*cmd, "--run-dir", str(tmp_path / "runs")],
+        env=env_for(tmp_path / "sock"),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = {r["rank"]: r["norms"] for r in map(json.loads, done.stdout.splitlines()) if "norms" in r}
+    assert printed[0] == pytest.approx(printed[1])  # all-reduced: the same on both ranks
+    (job,) = (tmp_path / "runs").iterdir()
+    for rank, path in rank_ledgers(job).items():
+        steps = [r for r in read_ledger(path) if r["kind"] == "step"]
+        assert [s["opt_step"] for s in steps] == [1, 2, 3, 4]
+        assert [s["grad_norm"] for s in steps] == pytest.approx(printed[rank], rel=1e-5)

@@ -668,7 +668,12 @@ class ModelHooks:
         if not self._backward_queued:
             self._backward_queued = True
             self._grads_at_backward = _first_gradient_mark(self.params())
-            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
+            torch.autograd.Variable._execution_engine.queue_callback(self._after_the_backward_s_callbacks)
+
+    def _after_the_backward_s_callbacks(self) -> None:
+        # Queued again, to run after the callbacks queued during the backward: DistributedDataParallel's, which
+        # waits for the gradients' all-reduce, is queued at the first gradient, after this one was.
+        torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
 
     def _backward_ended(self) -> None:
         """No optimizer and no marks: a backward through the model's output has ended. The loop updates the weights
