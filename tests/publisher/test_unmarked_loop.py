@@ -272,3 +272,29 @@ def test_an_evaluation_after_an_epoch_is_not_the_compute_of_its_last_step(run_ro
     for last, bound in zip((steps[2], steps[5]), bounds, strict=True):
         assert last["val_loss"] == 1.0
         assert 0 < last["compute_s"] <= bound  # up to the evaluation's first forward at the latest
+
+
+@pytest.mark.parametrize("by_hand", [False, True])
+def test_a_model_trained_in_eval_mode_without_marks_gets_a_step_per_update(run_root: Path, by_hand: bool):
+    # Fine-tuning with frozen BatchNorm statistics: model.eval() for the whole run. Its forwards with gradients are
+    # its training's; until 2026-12-06 none opened a step, and ten updates were one step.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.eval()
+    watch = Watch(model, None if by_hand else opt, run_dir=run_root, name="frozen-bn", system=False, quiet=True)
+    losses = []
+    for x, y in _loader(10):
+        loss = nn.functional.cross_entropy(model(x), y)
+        watch.log(loss=loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()  # (without the optimizer watched: an update by hand, as far as the Watch knows)
+        losses.append(loss.item())
+        with torch.no_grad():  # an evaluation between updates is still one
+            model(x)
+    watch.close()
+    steps = _steps(watch)
+    assert [s["opt_step"] for s in steps] == list(range(1, 11))
+    assert [s["loss"] for s in steps] == pytest.approx(losses)
+    assert {s["training"] for s in steps} == {False}

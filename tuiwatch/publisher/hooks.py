@@ -784,6 +784,6 @@ class ModelHooks:
             evaluation.forwards += 1
             evaluation.training = bool(evaluation.training) or training
             return None
-        if self.updates_at_backward and training and not tracker.marked:
-            self._hook_backward(output)
+        if self.updates_at_backward and (training or not tracker.training_forwards) and not tracker.marked:
+            self._hook_backward(output)  # (a model that never ran in training mode trains in eval mode: watch.py)
         return tracker.cur
