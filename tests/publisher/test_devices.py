@@ -115,6 +115,55 @@ def test_on_cuda_an_evaluation_before_the_steps_forward_is_left_out_of_its_devic
     assert later.not_compute == pytest.approx(0.2)
 
 
+def test_on_cuda_an_unmarked_loops_evaluation_after_the_update_is_left_out_of_its_device_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    # A loop that marks no steps evaluates after an epoch's last update: that step ends at the next training forward,
+    # and its device time must end where the evaluation's first forward began, as its host time does. The CUDA calls
+    # are stood in for (the device's clock a millisecond a mark); the real path runs in bench/gpu_check.py.
+    from tuiwatch.publisher import hooks as hooks_module
+    from tuiwatch.publisher import watch as watch_module
+
+    clock = iter(range(1_000_000))
+    marks: list[StreamEvent] = []
+
+    def mark() -> StreamEvent:
+        marks.append(StreamEvent(float(next(clock)), done=True))
+        return marks[-1]
+
+    for module in (steps_module, hooks_module, watch_module):
+        monkeypatch.setattr(module, "device_mark", mark)
+    for name in ("memory_allocated", "memory_reserved", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, lambda index: 0)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda index: None)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = tuiwatch.Watch(model, opt, run_dir=tmp_path, name="cuda-unmarked", system=False, quiet=True)
+    watch._tracker.cuda_index = 0  # as on a GPU: steps opened at a boundary get a start event
+    put: list[StepState] = []
+    monkeypatch.setattr(watch._pipeline, "put", put.append)
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    for _ in range(3):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        model.eval()
+        model(x)  # the evaluation's first forward: its mark ends the step's device time
+        evaluated = marks[-1]
+        for _ in range(5):
+            model(x)
+        model.train()
+    watch.close()
+    last = put[-1]
+    assert last.evaluated_mark is evaluated
+    assert isinstance(last.compute_s, PendingDuration)
+    assert last.compute_s.end is evaluated
+    assert last.build()["compute_s"] == pytest.approx((evaluated.at_ms - last.device_start.at_ms) / 1000)
+
+
 def test_unreadable_events_fall_back_to_the_host_time():
     start, end = StreamEvent(0.0, done=True), StreamEvent(5.0, done=True)
     start.done = False  # e.g. a stream captured into a CUDA graph: elapsed_time raises

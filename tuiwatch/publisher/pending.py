@@ -79,6 +79,7 @@ class StepState:
     # A loop that marks no steps: when the first forward of an evaluation after the step's update began (its step
     # ends at the next training forward, so what runs from here on is not its compute)
     evaluated_at: float | None = None
+    evaluated_mark: Any = None  # ... and on CUDA, a timing event recorded then: the step's device time ends there
     scale: Any = None  # the GradScaler's scale at the step's end
     t_end = 0.0
     # perf_counter() at the phase boundaries: the model's first forward returned, the optimizer began and ended

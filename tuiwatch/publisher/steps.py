@@ -161,7 +161,8 @@ class StepTracker:
             return
         s.compute_s = now - s.started - (fetched or 0.0) - s.not_compute
         if s.device_start is not None:
-            s.compute_s = PendingDuration(s.device_start, device_mark(), s.compute_s)
+            end = s.evaluated_mark if s.evaluated_mark is not None else device_mark()  # (an evaluation: watch.py)
+            s.compute_s = PendingDuration(s.device_start, end, s.compute_s)
         s.training = self.model.training
         s.t_end = time.time()
         index = self.cuda_index

@@ -29,7 +29,7 @@ from tuiwatch.publisher import environment, process, resume
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 from tuiwatch.publisher.collected import ended_unclosed, weakly
 from tuiwatch.publisher.commands import CommandRunner, refused_after_end
-from tuiwatch.publisher.deferred import defer
+from tuiwatch.publisher.deferred import defer, device_mark
 from tuiwatch.publisher.dumps import DumpWriter
 from tuiwatch.publisher.failures import Failures
 from tuiwatch.publisher.hooks import ModelHooks, default_param_norm_every, default_update_norm_every
@@ -606,6 +606,8 @@ class Watch:
             # BatchNorm statistics): its forwards with gradients are its training's.
             if s.evaluated_at is None and tracker.eval is None:
                 s.evaluated_at = time.perf_counter()
+                if s.device_start is not None:
+                    s.evaluated_mark = device_mark()  # its kernels are not the step's device time either
             return
         self._unmarked_forwards += 1
         if len(self._hooks.optimizers) > 1:
