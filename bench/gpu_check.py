@@ -33,7 +33,11 @@ of failures. What it checks:
 10. a ``watch.validation()`` block after a boundary and before the step's
    forward (nanoGPT's place) is not in that step's ``compute_s``: the step's
    device time, from the start event recorded again after the block, agrees
-   within 15% with its own work timed on the host.
+   within 15% with its own work timed on the host;
+11. a loop without an optimizer that marks no steps (the update by hand): its
+   backwards, whose hooks and callbacks run on autograd's device thread, give
+   a step per update with its grad norm, and an evaluation after an update is
+   not in that step's device time (within 25% of its own work, on the host).
 
 The output goes into docs/gpu.md.
 """
@@ -297,6 +301,45 @@ def validation_at_the_top(run_dir: Path, device: torch.device) -> None:
     )
 
 
+def unmarked_by_hand(run_dir: Path, device: torch.device) -> None:
+    """A loop without an optimizer and without marks: the end of each backward tells the update (on CUDA on
+    autograd's device thread), and an evaluation after an update leaves that step's device time (a timing event at
+    its first forward ends it)."""
+    model, _optimizer, x = heavy_model(device)
+    watch = tuiwatch.Watch(model, run_dir=run_dir, name="gpu-unmarked", system=False)
+    own: list[float] = []
+    for i in range(13):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.zero_grad()
+        loss = model(x).square().mean()
+        watch.log(loss=loss)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(p.grad, alpha=-1e-4)
+        torch.cuda.synchronize()
+        own.append(time.perf_counter() - t0)
+        if i % 4 == 3:
+            model.eval()
+            with torch.no_grad():  # four forwards: more device time than the step's own work
+                for _ in range(4):
+                    model(x)
+            model.train()
+    watch.close()
+    steps = [r for r in tuiwatch.read_ledger(watch.run_dir or "") if r["kind"] == "step"]
+    told = [s["opt_step"] for s in steps] == list(range(1, 14)) and all(s["grad_norm"] for s in steps)
+    check("11 no optimizer, no marks: a step per backward with its norm", told, f"{len(steps)} steps")
+    evaluated = [s["compute_s"] for s in steps if s["step"] % 4 == 3 and s["step"] > 3]
+    work = [t for i, t in enumerate(own) if i % 4 == 3 and i > 3]
+    ratio = statistics.median(evaluated) / statistics.median(work)
+    check(
+        "11 an evaluation after an unmarked step's update is not in its device time",
+        abs(ratio - 1) < 0.25,
+        f"median {statistics.median(evaluated) * 1e3:.2f} ms vs the step's own {statistics.median(work) * 1e3:.2f} ms",
+    )
+
+
 def paired_ratio(
     run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, batches: list[Any]
 ) -> tuple[float, str]:
@@ -334,7 +377,8 @@ def main() -> int:
     device = torch.device("cuda", 0)
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
     with tempfile.TemporaryDirectory(prefix="tuiwatch-gpu-") as tmp:
-        for fn in (sync_free, stop_mode, cuda_oom, checkpoint_rng, event_timing, validation_at_the_top, overhead):
+        checks = (sync_free, stop_mode, cuda_oom, checkpoint_rng, event_timing, validation_at_the_top, unmarked_by_hand)
+        for fn in (*checks, overhead):
             try:
                 fn(Path(tmp) / fn.__name__, device)
             except Exception as exc:  # one broken check must not hide the others
