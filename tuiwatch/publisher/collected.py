@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuiwatch.publisher.atomic import Directory
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.clipping import unwatch_clipping
-from tuiwatch.publisher.hooks import Attached
+
+if TYPE_CHECKING:  # (hooks.py holds its tensor hook weakly with weakly(), below)
+    from tuiwatch.publisher.hooks import Attached
 
 
 def weakly(method: Callable[..., Any], otherwise: Callable[..., Any]) -> Callable[..., Any]:

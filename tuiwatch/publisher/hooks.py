@@ -41,6 +41,7 @@ import torch
 from tuiwatch.publisher import compiling, pickling, process, room, scripting
 from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
+from tuiwatch.publisher.collected import weakly
 from tuiwatch.publisher.compiling import graph_must_stay_whole, uncompiled
 from tuiwatch.publisher.deferred import defer, defer_tensor, device_mark
 from tuiwatch.publisher.failures import Failures
@@ -179,16 +180,8 @@ def _same_mark(mark: tuple[Any, int] | None, now: tuple[Any, int] | None) -> boo
     return mark[0]() is now[0]() and mark[1] == now[1]
 
 
-def _weak_tensor_hook(method: Any) -> Callable[[Any], None]:
-    """A tensor hook that calls ``method`` while its object lives: an output the loop keeps never holds the Watch."""
-    ref = weakref.WeakMethod(method)
-
-    def hook(grad: Any) -> None:
-        bound = ref()
-        if bound is not None:
-            bound(grad)
-
-    return hook
+def _no_watch(grad: Any) -> None:
+    return None  # a tensor hook whose Watch is gone
 
 
 def is_forward_hook(hook: Any) -> bool:
@@ -279,7 +272,8 @@ class ModelHooks:
         self._grads_at_open: tuple[Any, int] | None = None
         self._grads_at_backward: tuple[Any, int] | None = None
         self._backward_queued = False
-        self._backward_began_weakly = _weak_tensor_hook(self._backward_began)
+        # (held weakly: an output the loop keeps never holds the Watch)
+        self._backward_began_weakly = weakly(self._backward_began, _no_watch)
 
     def attach(self) -> None:
         if self._several:
@@ -784,6 +778,6 @@ class ModelHooks:
             evaluation.forwards += 1
             evaluation.training = bool(evaluation.training) or training
             return None
-        if self.updates_at_backward and (training or not tracker.training_forwards) and not tracker.marked:
-            self._hook_backward(output)  # (a model that never ran in training mode trains in eval mode: watch.py)
+        if self.updates_at_backward and tracker.trains(module) and not tracker.marked:
+            self._hook_backward(output)
         return tracker.cur

@@ -99,6 +99,12 @@ class StepTracker:
             first, self.on_first_update = self.on_first_update, None
             first()
 
+    def trains(self, module: torch.nn.Module) -> bool:
+        """Whether a forward of ``module`` now, with gradients enabled, is training's rather than an evaluation's.
+        A model that never ran a forward in training mode trains in eval mode (fine-tuning with frozen BatchNorm
+        statistics): all its forwards are."""
+        return module.training or not self.training_forwards
+
     def current(self) -> StepState:
         """The open step; a loop that logs before its first boundary gets one opened for it."""
         return self.cur or self.open(self.last_boundary)

@@ -599,11 +599,9 @@ class Watch:
         s = tracker.cur
         if tracker.off or s is None or (s.opt_step is None and not s.opt_skipped):
             return  # no update yet in this step: its next micro-batch (accumulation), or its other parts' forwards
-        if not torch.is_grad_enabled() or (not module.training and tracker.training_forwards):
+        if not torch.is_grad_enabled() or not tracker.trains(module):
             # An evaluation after the update (an epoch's validation, a test set at the end): in the step, as a
-            # watch.log() of its result is, but not its compute. A validation() block sets its own time aside. A
-            # model that never ran a forward in training mode trains in eval mode (fine-tuning with frozen
-            # BatchNorm statistics): its forwards with gradients are its training's.
+            # watch.log() of its result is, but not its compute. A validation() block sets its own time aside.
             if s.evaluated_at is None and tracker.eval is None:
                 s.evaluated_at = time.perf_counter()
                 if s.device_start is not None:
