@@ -136,6 +136,39 @@ def test_a_model_called_by_its_parts_without_marks_gets_a_step_per_update(run_ro
     assert all(s["finite"]["forward"] for s in steps[1:])
 
 
+def test_a_model_with_a_forward_whose_parts_the_loop_calls_without_marks_gets_a_step_per_update(run_root: Path):
+    # Its forward is never called (the loop calls model.encoder and model.head itself): its first two updates were one
+    # step, because its parts were watched only from the second optimizer step on.
+    class EncoderHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.head(self.encoder(x))
+            return out
+
+    torch.manual_seed(0)
+    model = EncoderHead()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = Watch(model, opt, run_dir=run_root, name="own-forward", system=False, quiet=True)
+    losses = []
+    for x, y in _loader(8):
+        loss = nn.functional.cross_entropy(model.head(model.encoder(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        watch.log(loss=loss.item())
+        losses.append(loss.item())
+    watch.close()
+    steps = _steps(watch)
+    assert [s["step"] for s in steps] == list(range(8))
+    assert [s["opt_step"] for s in steps] == list(range(1, 9))
+    assert [s["loss"] for s in steps] == losses
+    assert all(s["finite"]["forward"] for s in steps[1:])  # its parts' outputs checked from the second step
+
+
 @pytest.mark.parametrize("marks", [False, True])
 def test_several_optimizers_without_marks_are_told_to_mark_their_steps(
     run_root: Path, capsys: pytest.CaptureFixture[str], marks: bool

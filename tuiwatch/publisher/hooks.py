@@ -332,9 +332,11 @@ class ModelHooks:
             handle.remove()
         self._at_forward_handles.clear()
 
-    def _forward_seen(self) -> None:
-        """Before the second optimizer step: a model none of whose forwards ran since the Watch began (the loop
-        calls its parts, or ``model.forward(x)``) is watched by its parts from now on. Not where a hook was left out
+    def forward_seen(self) -> None:
+        """Before the second optimizer step (at the end of the first in a loop that marks no steps, watch.py): a model
+        none of whose forwards ran since the Watch began (the loop calls its parts, or ``model.forward(x)``) is
+        watched by its parts from now on. Not at the first: ``tuiwatch run`` makes its Watch at the first optimizer
+        step, after that step's forward. Not where a hook was left out
         of a graph that must stay whole (compiling.py): such a model's forwards run out of the hook's sight, and
         hooks put on its parts would only make it compile again."""
         if self.tracker.forward_training is None and self.parts is None and not compiling.left_out:
@@ -602,12 +604,12 @@ class ModelHooks:
     def _early_step(self, done: int) -> None:
         """The pre-hook of the first two optimizer steps (``done`` of them before): the gradients of the parameters
         no watched optimizer holds, at the first (_watch_outside); whether the model's forward was seen, at the
-        second (_forward_seen)."""
+        second (forward_seen)."""
         if done == 0:
             if self._outside:
                 self._outside_grads = [p.grad is not None for p in self._outside]
         else:
-            self._forward_seen()
+            self.forward_seen()
 
     def at_step_open(self, s: StepState) -> None:
         """No optimizer: keep the weights the update norm compares with, on the steps that sample it, and the
@@ -642,7 +644,7 @@ class ModelHooks:
         """No optimizer: ``s`` updated the model with ``grads`` (by hand, after them)."""
         tracker = self.tracker
         if tracker.opt_steps == 1:
-            self._forward_seen()
+            self.forward_seen()
         tracker.updated(s)
         if s.measured and s.grad_norm is None:  # watch.clip_grad_norm_ gives the pre-clip norm: after any clip
             s.grad_norm = total_norm(grads)

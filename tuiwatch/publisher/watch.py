@@ -587,8 +587,11 @@ class Watch:
         """The first update, and the loop has marked no step: it draws its batches itself (a loader, a list, a
         generator) and calls neither batches() nor step(). Left so, every update to the end of the run would be in one
         step, its loss the last logged. From now on the model's first training forward after an update opens the next
-        step (a loop that calls ``watch.step()`` at the bottom of its loop marks its second step before that)."""
+        step (a loop that calls ``watch.step()`` at the bottom of its loop marks its second step before that). A
+        model whose own forward did not run in that first step (the loop calls its parts) is watched by its parts
+        from here, so that their forwards open the steps from the second on."""
         if not self._tracker.marked:
+            self._hooks.forward_seen()
             self._hooks.open_steps_at_forwards(self._step_at_forward)
 
     def _step_at_forward(self, module: Any, args: Any, kwargs: Any) -> None:
