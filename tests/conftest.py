@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,22 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 
 @pytest.fixture(autouse=True)
+def socket_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private socket directory for every test, its Watches and the processes it starts: a test's runs never land
+    among the sockets of whoever runs the suite (their `tuiwatch ls` listed the tests' runs, and a test that lists
+    runs connected to their live ones). Declared before the fixture that kills a test's training processes, so it
+    is taken down after them.
+
+    Short path: a Unix socket path must fit in 108 bytes.
+    """
+    path = Path(tempfile.mkdtemp(prefix="tw-", dir="/tmp"))
+    os.chmod(path, 0o700)
+    monkeypatch.setenv("TUIWATCH_DIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
 def no_user_config(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """The viewer's config file of whoever runs the tests (a light theme, fps 10) is not the tests' own."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
@@ -35,21 +52,6 @@ def no_training_left_behind() -> Iterator[None]:
         proc = STARTED.pop()
         if proc.poll() is None:
             kill_tree(proc)
-
-
-@pytest.fixture
-def socket_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A private socket directory for this test, also used by in-process Watches.
-
-    Short path: a Unix socket path must fit in 108 bytes.
-    """
-    path = Path(tempfile.mkdtemp(prefix="tw-", dir="/tmp"))
-    os.chmod(path, 0o700)
-    monkeypatch.setenv("TUIWATCH_DIR", str(path))
-    yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
 
 
 @pytest.fixture

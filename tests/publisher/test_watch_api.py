@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import time
@@ -420,6 +421,16 @@ def test_unknown_rule_ids_are_refused_before_a_run_directory_exists(run_root: Pa
     with pytest.raises(ValueError, match="unknown rule ids"):
         Watch(model, opt, run_dir=run_root, rules=["grad-explode"])
     assert not run_root.exists()
+
+
+def test_a_tests_watch_listens_in_a_socket_directory_of_its_own(run_root: Path):
+    # conftest's socket_dir, for every test: the suite's runs are not listed among those of whoever runs it.
+    model, opt = _mlp()
+    with Watch(model, opt, name="private", run_dir=run_root, system=False, quiet=True) as watch:
+        assert watch.socket_path is not None
+        assert watch.socket_path.parent == Path(os.environ["TUIWATCH_DIR"])
+        assert watch.socket_path.parent.name.startswith("tw-")
+        assert [p.name for p in watch.socket_path.parent.iterdir()] == [watch.socket_path.name]
 
 
 def test_a_watch_says_where_its_ledger_is_once_and_every_path_is_absolute(
