@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 import torch.distributed as dist
@@ -43,7 +44,10 @@ def main() -> None:
                 if p.grad is not None:
                     p.add_(p.grad, alpha=-0.1)
     watch.close()
-    print(json.dumps({"rank": rank, "norms": norms}), flush=True)
+    # One write with its newline (under 4 KiB: whole on a pipe): print() writes the line and its end apart, and under
+    # PYTHONUNBUFFERED the two ranks' lines came out as '{...}{...}' and two newlines.
+    sys.stdout.write(json.dumps({"rank": rank, "norms": norms}) + "\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 
