@@ -13,12 +13,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/tuiwatch demo
 
+# The suite on a worker per CPU, four at most: most tests wait on a real training
+# process, and four workers on two cores passed as two did (docs/architecture.md).
+PARALLEL := -n logical --maxprocesses=4 --dist worksteal
+
 check: $(STAMP) sshd
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest $(PARALLEL)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/overhead.py
@@ -36,4 +40,4 @@ sshd:
 
 # The suite without the real-process integration tests (the fast inner loop; CI runs `check`).
 unit: $(STAMP)
-	$(VENV)/bin/pytest -m "not integration"
+	$(VENV)/bin/pytest $(PARALLEL) -m "not integration"
