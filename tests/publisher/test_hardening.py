@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
-import random
-import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,12 +15,12 @@ import pytest
 from tuiwatch.analysis.report import as_text, summarize
 from tuiwatch.ledger.codec import encode
 from tuiwatch.ledger.reader import read_ledger
-from tuiwatch.ledger.writer import FileLedger
 from tuiwatch.wire.protocol import connect, iter_records
 from tuiwatch.wire.socketdir import list_sockets
 
 from ..helpers import (
     LOADED_MACHINE_S,
+    SCRIPTS,
     count_steps,
     finish,
     ledger_file,
@@ -84,35 +85,25 @@ def test_a_flood_of_connections_and_killed_viewers_leave_no_fd_and_the_run_finis
 
 
 def test_a_writer_killed_mid_write_leaves_a_clean_prefix(tmp_path: Path):
-    rng = random.Random(0)  # noqa: S311 - the moments of the kills, not secrets
-    torn = rounds = 0
-    # Until 20 kills landed inside a write (or 1,000 rounds on a machine slow to start the writers).
-    while torn < 20 and rounds < 1000:
-        round_, rounds = rounds, rounds + 1
-        path = tmp_path / f"ledger-{round_}.jsonl"
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child never returns
-            try:
-                store = FileLedger(path)
-                step = 0
-                while True:  # batches of records, as the publisher appends them
-                    store.append(
-                        b"".join(encode({"kind": "step", "step": step + i, "pad": "x" * 3000}) for i in range(7))
-                    )
-                    step += 7
-            finally:
-                os._exit(1)
-        time.sleep(rng.uniform(0.0, 0.004))  # the moment of the kill, at random
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        if not path.exists():
-            continue  # killed before its first write: nothing to read, nothing lost
-        reader = read_ledger(path)
+    # Writers forked and killed at random moments of their writing, until 20 kills landed inside a write (or 1,000
+    # rounds): by a small process of its own, whose forks are quick (the script says why).
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "killed_writers.py"), str(tmp_path), "--torn", "20", "--rounds", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=True,
+    )
+    told = json.loads(done.stdout)
+    torn = 0
+    for round_ in range(told["rounds"]):
+        reader = read_ledger(tmp_path / f"ledger-{round_}.jsonl")
         steps = [r["step"] for r in reader]
         assert steps == list(range(len(steps)))  # a clean prefix: nothing missing, nothing mangled
         assert reader.skipped <= 1  # at most the one torn last line
         torn += reader.skipped
-    assert torn >= 1, f"no kill landed inside a write in {rounds} rounds: the test tested nothing"
+    assert torn == told["torn"]
+    assert torn >= 1, f"no kill landed inside a write in {told['rounds']} rounds: the test tested nothing"
 
 
 def test_a_full_disk_leaves_the_ledger_on_a_record_boundary_and_the_run_goes_on(run_root: Path, socket_dir: Path):
