@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from tuiwatch.ledger.codec import decode, encode
+from tuiwatch.publisher.background.server import bind_private_socket
 from tuiwatch.wire.protocol import MAX_LINE_BYTES, LineSplitter, connect, iter_records
-from tuiwatch.wire.socketdir import list_sockets
+from tuiwatch.wire.socketdir import list_sockets, remove_stale_sockets
 
 from ..helpers import count_steps, finish, ledger_file, records, start_training, wait_for_ledger, wait_until
 
@@ -53,6 +54,28 @@ def test_socket_is_0600_in_a_0700_directory(run_root: Path, socket_dir: Path):
     assert not [p for p in socket_dir.iterdir() if p.name.endswith(".tmp")]
     proc.kill()
     proc.wait()
+
+
+def test_a_runs_socket_name_appears_listening_and_ls_keeps_it(socket_dir: Path, monkeypatch: pytest.MonkeyPatch):
+    # The name was renamed into place before listen(): `tuiwatch ls` in between was refused and, the process being
+    # alive, removed the run's socket as stale, and no viewer could reach the run again.
+    path = socket_dir / f"starting.{os.getpid()}.sock"
+    listed: list[list[Path]] = []
+    rename = os.rename
+
+    def rename_then_ls(src: Any, dst: Any) -> None:
+        rename(src, dst)
+        listed.append([entry.path for entry in remove_stale_sockets(socket_dir)])
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "rename", rename_then_ls)
+        sock = bind_private_socket(path)
+    try:
+        assert listed == [[path]]
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    finally:
+        sock.close()
 
 
 @pytest.mark.parametrize("unsafe", ["world-writable", "symlink", "other-owner"])

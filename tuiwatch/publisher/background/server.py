@@ -80,8 +80,11 @@ def bind_tcp(host: str, port: int) -> socket.socket:
 def bind_private_socket(path: Path) -> socket.socket:
     """Listen at ``path`` with mode 0600 from the moment the name exists.
 
-    The socket is bound under a temporary name, narrowed to 0600, then renamed
-    into place, so the final name is never reachable with a wider mode.
+    The socket is bound under a temporary name, narrowed to 0600, made to
+    listen, then renamed into place: the final name is never reachable with a
+    wider mode, nor there before it listens. A connect to a name that does not
+    listen yet is refused, and ``tuiwatch ls`` removes a live process's socket
+    that refuses (``remove_stale_sockets``): the run was left with no socket.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -91,8 +94,8 @@ def bind_private_socket(path: Path) -> socket.socket:
         with unix_address(tmp) as address:
             sock.bind(address)
         os.chmod(tmp, 0o600)
-        os.rename(tmp, path)
         sock.listen(64)
+        os.rename(tmp, path)
         sock.setblocking(False)
     except OSError:
         sock.close()
