@@ -83,8 +83,10 @@ def bind_private_socket(path: Path) -> socket.socket:
     The socket is bound under a temporary name, narrowed to 0600, made to
     listen, then renamed into place: the final name is never reachable with a
     wider mode, nor there before it listens. A connect to a name that does not
-    listen yet is refused, and ``tuiwatch ls`` removes a live process's socket
-    that refuses (``remove_stale_sockets``): the run was left with no socket.
+    listen yet is refused, and ``remove_stale_sockets`` removes a live
+    process's socket that refuses; ``tuiwatch ls``, the viewer's discovery and
+    every Watch at its start call it (the ranks of a job start together): the
+    run was left with no socket.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
