@@ -335,7 +335,7 @@ def instrumented(case: Case, run_dir: Path, steps: int) -> dict[str, Any]:
     orig_batch_info = measure.BatchInfo
     import tuiwatch.publisher.steps as steps_module
 
-    steps_module.BatchInfo = lambda b: _timed_call(orig_batch_info, b, measured)  # type: ignore[assignment,misc]
+    steps_module.BatchInfo = lambda *a: _timed_call(orig_batch_info, a, measured)  # type: ignore[assignment,misc]
     loader = loader_for(case, 50)
     arm.run(loader, 200)
     publish.clear()
@@ -352,10 +352,10 @@ def instrumented(case: Case, run_dir: Path, steps: int) -> dict[str, Any]:
     }
 
 
-def _timed_call(fn: Callable[..., Any], arg: Any, sink: list[float]) -> Any:
+def _timed_call(fn: Callable[..., Any], args: tuple[Any, ...], sink: list[float]) -> Any:
     t0 = time.perf_counter()
     try:
-        return fn(arg)
+        return fn(*args)
     finally:
         sink.append(time.perf_counter() - t0)
 

@@ -34,7 +34,7 @@ def first_failing_boundary(s: StepState) -> tuple[str, list[str]]:
     """Walk the chain data → model → loss → gradients; off the hot path (it syncs). The first boundary that failed,
     and those before it that were not checked (a batch the Watch did not see, a forward past its hook)."""
     checks: list[tuple[str, Any]] = [
-        ("batch", s.batch.finite_probe if s.batch is not None else None),
+        ("batch", s.batch.probe() if s.batch is not None else None),
         ("forward", s.forward_probe),
         ("loss", s.metrics.get("loss")),
     ]

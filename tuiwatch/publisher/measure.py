@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from tuiwatch.publisher.deferred import defer
+from tuiwatch.publisher.deferred import defer, resolve
+from tuiwatch.publisher.late_probes import HELD_BYTES, LateProbes
 from tuiwatch.publisher.nested import fields_of
 
 _WIDE_FLOATS = (torch.float32, torch.float64)
@@ -199,9 +200,13 @@ class BatchInfo:
     read (1-3 µs a batch less than asking each tensor again).
     """
 
-    __slots__ = ("finite_probe", "nbytes", "seen", "shape", "size", "tokens")
+    __slots__ = ("__weakref__", "finite_probe", "held", "nbytes", "overwritten", "seen", "shape", "size", "tokens")
 
-    def __init__(self, batch: Any):
+    def __init__(self, batch: Any, late: LateProbes | None = None):
+        # Large CPU tensors whose finiteness the publisher thread reads (late_probes.py), and whether a loader wrote
+        # another batch into their memory before it did.
+        self.held: list[torch.Tensor] | None = None
+        self.overwritten = False
         try:
             kind = type(batch)
             mapping = False
@@ -218,11 +223,17 @@ class BatchInfo:
             probe: torch.Tensor | None = None
             first_dtype = None
             for t in tensors:
-                nbytes += t.nbytes
+                size = t.nbytes
+                nbytes += size
                 dtype = t.dtype
                 if first_dtype is None:
                     first_dtype = dtype
                 if dtype.is_floating_point:
+                    if size >= HELD_BYTES and late is not None and late.on and t.is_cpu and late.hold(t, self):
+                        if self.held is None:
+                            self.held = []
+                        self.held.append(t)
+                        continue
                     value = finiteness_probe(t, dtype)
                     probe = value if probe is None else probe + value
             self.nbytes = nbytes
@@ -246,10 +257,31 @@ class BatchInfo:
         except Exception:  # a layout the usual path cannot read: never the training's failure
             self._read_tolerantly(batch)
 
+    def probe(self) -> Any:
+        """The batch's finiteness probe as a number, its held tensors summed now (on the publisher thread, or where
+        a failing step is examined); None where nothing was probed or a held tensor was overwritten."""
+        held, self.held = self.held, None
+        value = self.finite_probe
+        if value is not None and type(value) is not float:
+            value = resolve(value)  # a device value
+        if held is None:
+            return value
+        try:
+            for t in held:
+                v = finiteness_probe(t).item()
+                value = v if value is None else value + v
+        except Exception:  # never the record's failure: this batch's finiteness is not known
+            value = None
+        if self.overwritten:  # (read after the sums: a loader may write while they run)
+            value = None
+        self.finite_probe = value
+        return value
+
     def _read_tolerantly(self, batch: Any) -> None:
         """Each fact of each tensor on its own, None (or 0 bytes) where a tensor cannot say: a sparse COO tensor
         has no ``nbytes``, a nested tensor of ragged parts no shape and no sum (GCN's sparse features, a model fed
         nested tensors). Rare, so slow."""
+        self.held = None  # what the usual path held before it failed is probed here, at once
         tensors: list[torch.Tensor] = []
         self.shape = _shape_and_tensors(batch, tensors, _shape_or_none)
         self.seen = bool(tensors)

@@ -236,9 +236,9 @@ def _no_phases() -> dict[str, float | None]:
 def _unprobed(batches: list[BatchInfo]) -> bool | None:
     """The batch boundary of a step whose batches gave no probe: true when they hold no float tensor; null where
     no tensor was found in one at all (an object whose tensors are not walked: their finiteness is not known),
-    or no batch was seen."""
+    a loader overwrote one before it was probed (late_probes.py), or no batch was seen."""
     for b in batches:
-        if not b.seen:
+        if not b.seen or b.overwritten:
             return None
     return True if batches else None
 
@@ -249,14 +249,16 @@ def _batch_totals(batches: list[BatchInfo]) -> tuple[int | None, int | None, Any
         return None, None, None
     if len(batches) == 1:
         b = batches[0]
-        return b.size, _number(b.tokens), _number(b.finite_probe)
+        return b.size, _number(b.tokens), b.probe()
     sizes = [b.size for b in batches]
     tokens = [resolve(b.tokens) for b in batches]
-    probes = [p for p in (resolve(b.finite_probe) for b in batches) if p is not None]
+    probes = [p for p in (b.probe() for b in batches) if p is not None]
+    finite = all(math.isfinite(p) for p in probes)
     return (
         None if None in sizes else sum(cast(list[int], sizes)),
         None if None in tokens else int(sum(tokens)),
-        None if not probes else 0.0 if all(math.isfinite(p) for p in probes) else math.nan,
+        # One micro-batch not finite says so; all finite but one overwritten before its probe is not known.
+        math.nan if not finite else None if not probes or any(b.overwritten for b in batches) else 0.0,
     )
 
 

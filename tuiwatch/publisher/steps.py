@@ -19,6 +19,7 @@ from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.deferred import PendingDuration, defer, defer_tensor, device_mark
 from tuiwatch.publisher.dumps import DUMP_LAG, KeptBatch, RecentBatches
+from tuiwatch.publisher.late_probes import LateProbes
 from tuiwatch.publisher.measure import BatchInfo
 from tuiwatch.publisher.pending import DeviceMemory, EvalState, StepState
 
@@ -57,6 +58,7 @@ class StepTracker:
         self.last_boundary = time.perf_counter()
         self.last_batch: KeptBatch | None = None  # what a dump on request saves
         self.recent = RecentBatches()
+        self.late = LateProbes()  # which large CPU batch tensors the publisher thread probes
         self._held = 0  # batches in `recent` when the pipeline was last told
         # watch.fetching(): time spent fetching since the last boundary is the data wait of the
         # next step (the batch fetched), and not compute of the step it ran in.
@@ -117,7 +119,7 @@ class StepTracker:
     def add_batch(self, s: StepState, batch: Any, ids: list[int] | None) -> None:
         s.batch_ids = ids
         if s.measured:
-            s.batch = BatchInfo(batch)
+            s.batch = BatchInfo(batch, self.late)
         self.keep_batch(s, batch, ids)
 
     def fold(self, batch: Any, ids: list[int] | None, wait: float | None) -> None:
@@ -135,7 +137,7 @@ class StepTracker:
         else:
             held.extend(ids)  # (a new list at every fold was quadratic in the micro-batches)
         if s.measured:
-            info = BatchInfo(batch)
+            info = BatchInfo(batch, self.late)
             if s.batch is None:
                 s.batch = info
             else:
