@@ -17,6 +17,7 @@ median of the paired rounds [interquartile range], with the load average.
 
     python bench/large_batches.py [--rounds 7] [--batch 64] [--steps 80] [--device-ms 20]
     python bench/large_batches.py --side 32 --model cnn --device-ms 0 --steps 300   # overhead.py's CNN
+    python bench/large_batches.py --model mlp512 --batch 256 --device-ms 0 --steps 300   # its 3x512 MLP
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ SETTLED = WARMUP + 4
 def make_model(kind: str) -> nn.Module:
     if kind == "cnn":  # bench/overhead.py's CNN, on the whole 32x32 image
         return CASES[2].make_model()
+    if kind == "mlp512":  # bench/overhead.py's 3x512 MLP, on rows of 512 features
+        return CASES[1].make_model()
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
@@ -73,7 +76,7 @@ def run_arm(
         if i == SETTLED:
             wall, cpu = time.perf_counter(), time.thread_time()
             facts.clear()
-        loss = nn.functional.cross_entropy(model(x if kind == "cnn" else x[:, :, :16, :16]), y)
+        loss = nn.functional.cross_entropy(model(x[:, :, :16, :16] if kind == "crop" else x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -99,14 +102,18 @@ def main() -> None:
     parser.add_argument("--device-ms", type=float, default=20.0)
     parser.add_argument("--side", type=int, default=224, help="the images' side")
     parser.add_argument(
-        "--model", choices=("crop", "cnn"), default="crop", help="a small MLP on a 16x16 crop, or the CNN (--side 32)"
+        "--model",
+        choices=("crop", "cnn", "mlp512"),
+        default="crop",
+        help="a small MLP on a 16x16 crop, the CNN (--side 32), or the 3x512 MLP (rows of 512 features, no images)",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
+    shape = (512,) if args.model == "mlp512" else (3, args.side, args.side)
     batches = [
         (
-            torch.randn(args.batch, 3, args.side, args.side, generator=g),
+            torch.randn(args.batch, *shape, generator=g),
             torch.randint(0, 10, (args.batch,), generator=g),
         )
         for _ in range(args.steps)
@@ -126,7 +133,7 @@ def main() -> None:
             )
     load1 = os.getloadavg()[0]
     print(
-        f"\nbatch {args.batch}×3×{args.side}×{args.side} float32 ({mb:.2f} MiB) on the CPU, {args.steps} steps a "
+        f"\nbatch {args.batch}×{'×'.join(map(str, shape))} float32 ({mb:.2f} MiB) on the CPU, {args.steps} steps a "
         f"round, {args.device_ms:g} ms of device wait a step, one torch thread; load average {load0:.2f} → {load1:.2f}"
     )
     print("| arm | added wall µs a step | added training-thread CPU µs a step | the batch's facts p50 µs |")
