@@ -38,6 +38,10 @@ of failures. What it checks:
    backwards, whose hooks and callbacks run on autograd's device thread, give
    a step per update with its grad norm, and an evaluation after an update is
    not in that step's device time (within 25% of its own work, on the host).
+12. a loader's float images on the CPU (pinned), moved to the GPU by the loop,
+   its loss read every step: the Watch's added time with the batch summed on
+   the publisher thread (judged: under 0.5%, issue 18's CUDA bar) and, for
+   scale, summed at once on the training thread as before.
 
 The output goes into docs/gpu.md.
 """
@@ -58,6 +62,7 @@ from torch import nn
 
 import tuiwatch
 from tuiwatch.publisher import room
+from tuiwatch.publisher.late_probes import WARMUP
 
 results: list[tuple[str, bool, str]] = []
 
@@ -370,6 +375,40 @@ def overhead(run_dir: Path, device: torch.device) -> None:
     check("9 overhead, small MLP (for scale, not judged)", True, detail)
 
 
+def cpu_images(run_dir: Path, device: torch.device) -> None:
+    """A loader that yields float images on the CPU, moved to the GPU by the loop with a loss read every step (the
+    shape of pytorch/examples' imagenet loop): the batch's finiteness is summed on the publisher thread, where it
+    cost the training thread ~10 ms a batch of 256 images at once (late_probes.py)."""
+    model, optimizer, x = heavy_model(device)
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randn(32, 3, 224, 224, generator=g).pin_memory() for _ in range(WARMUP + 24)]
+    times: dict[str, list[float]] = {"bare": [], "late": [], "at once": []}
+    for round_ in range(6):
+        for arm in ("bare", "late", "at once")[round_ % 3 :] + ("bare", "late", "at once")[: round_ % 3]:
+            watch = None if arm == "bare" else tuiwatch.Watch(model, optimizer, run_dir=run_dir, name="gpu-images")
+            if watch is not None:
+                watch._tracker.late.on = arm == "late"
+            source = watch.batches(images) if watch is not None else iter(images)
+            for i, batch in enumerate(source):
+                if i == WARMUP + 4:  # the warm-up's large tensors are summed at once in either arm
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                on_device = batch.to(device, non_blocking=True)
+                loss = heavy_step(model, optimizer, x) + 0 * on_device.mean()
+                loss.item()  # the loop's own read of its loss: a sync every step
+            torch.cuda.synchronize()
+            times[arm].append((time.perf_counter() - t0) / (len(images) - WARMUP - 4))
+            if watch is not None:
+                watch.close()
+    bare = statistics.median(times["bare"])
+    late, at_once = statistics.median(times["late"]) / bare, statistics.median(times["at once"]) / bare
+    check(
+        "12 overhead, 37 MiB image batches on the CPU moved by the loop (bar: under 0.5%)",
+        late < 1.005,
+        f"x{late:.4f}; summed at once, as before: x{at_once:.4f} (median step {bare * 1e3:.2f} ms bare)",
+    )
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device here: nothing to check (run this on a GPU host)")
@@ -378,7 +417,7 @@ def main() -> int:
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}")
     with tempfile.TemporaryDirectory(prefix="tuiwatch-gpu-") as tmp:
         checks = (sync_free, stop_mode, cuda_oom, checkpoint_rng, event_timing, validation_at_the_top, unmarked_by_hand)
-        for fn in (*checks, overhead):
+        for fn in (*checks, overhead, cpu_images):
             try:
                 fn(Path(tmp) / fn.__name__, device)
             except Exception as exc:  # one broken check must not hide the others
