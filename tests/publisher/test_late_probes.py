@@ -110,6 +110,27 @@ def test_a_loader_that_writes_every_batch_into_one_buffer_has_its_batches_probed
     assert summed == STEPS  # the reuse was seen at the second batch: every probe at once
 
 
+def test_a_loop_that_cleans_its_batch_in_place_has_its_batches_probed_at_once_as_the_loader_gave_them(run_root: Path):
+    """``x.nan_to_num_()`` after the loader gave ``x``: summed late, the NaN would be gone and the step would say its
+    batch was finite, where a probe at once (as before late probes, and in the warm-up) said it was not."""
+    model, optimizer = _model()
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, on_nonfinite="warn") as watch:
+        y = torch.zeros(ROWS, dtype=torch.long)
+        sums = CountSums()
+        with sums:
+            for x in watch.batches(_inputs()):
+                x.nan_to_num_()
+                loss = nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    steps = _steps(watch)
+    assert [s["step"] for s in steps if s["finite"]["batch"] is not True] == [NAN_AT]
+    assert steps[NAN_AT]["finite"]["batch"] is False
+    assert steps[NAN_AT]["finite"]["forward"] is True  # the model saw the batch cleaned
+    assert sums.count == STEPS  # the change was seen at the second batch: every probe at once
+
+
 def test_a_non_finite_large_batch_stops_the_run_naming_the_batch(run_root: Path):
     model, optimizer = _model()
     watch = Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
@@ -143,6 +164,22 @@ def test_a_held_tensor_a_loader_writes_over_before_its_probe_is_not_known():
     assert math.isnan(second.probe())
     assert not late.on
     assert BatchInfo((torch.zeros(ROWS, WIDTH),), late).held is None  # at once for the rest of the run
+    assert len(kept) == WARMUP
+
+
+def test_a_held_tensor_the_loop_changed_in_place_before_its_probe_is_not_known():
+    late = LateProbes()
+    kept = _after_warmup(late)
+    x = torch.zeros(ROWS, WIDTH)
+    first = BatchInfo((x,), late)  # held: unchanged all through the warm-up
+    assert first.held is not None
+    x[0, 0] = float("nan")  # the loop writes into its batch (after the warm-up: not seen then)
+    x.nan_to_num_()
+    second = BatchInfo((torch.zeros(ROWS, WIDTH),), late)
+    assert first.overwritten
+    assert first.probe() is None  # what the loader gave is gone: not known, rather than the cleaned sum
+    assert second.held is None
+    assert not late.on
     assert len(kept) == WARMUP
 
 

@@ -11,15 +11,18 @@ than holding them does (on bench/overhead.py's CNN, whose 768 KiB batch is
 over the line, the batch's facts took 95 µs of the step at once and 30 held).
 Tensors on a GPU are probed at once too, by an asynchronous kernel.
 
-The tensor must still hold what the step trained on when it is summed. A
-loader that writes each batch into memory it used before (a pool of pinned
-buffers, a prefetcher's) would have overwritten it by then. So the first
-:data:`WARMUP` large tensors are probed at once while their memory is watched:
-a tensor whose first element is at the address of one still alive among the
-last :data:`WINDOW` is taken for reused memory, and from then on every probe
-of the run is taken at once, as before. A held tensor that such memory has
-already overwritten (a loader that began to reuse memory only after the warm-up)
-gives the step a batch finiteness of null, not a guess.
+The tensor must still hold what the loader gave when it is summed. A loader
+that writes each batch into memory it used before (a pool of pinned buffers, a
+prefetcher's) would have overwritten it by then, and a loop that changes its
+batch in place (``x.nan_to_num_()``, a normalisation by ``sub_``/``div_``)
+would have changed it. So the first :data:`WARMUP` large tensors are probed at
+once while they are watched: a tensor whose first element is at the address
+of one still alive among the last :data:`WINDOW` is taken for reused memory,
+and one of those whose version counter moved (every in-place write bumps it)
+for a batch the loop changes; either way every probe of the run is taken at
+once from then on, as before. A held tensor found so changed before its sum
+(a loader or a loop that began only after the warm-up) gives the step a batch
+finiteness of null, not a guess.
 """
 
 from __future__ import annotations
@@ -45,21 +48,24 @@ class LateProbes:
     def __init__(self) -> None:
         self.on = True  # False for the rest of the run once a loader reused a batch's memory
         self.seen = 0
-        self._recent: deque[tuple[int, weakref.ref[torch.Tensor], weakref.ref[BatchInfo]]] = deque(maxlen=WINDOW)
+        # (address, tensor, its batch, its version when seen) of the last large tensors, weakly
+        self._recent: deque[tuple[int, weakref.ref[torch.Tensor], weakref.ref[BatchInfo], int]] = deque(maxlen=WINDOW)
         # The batches that hold tensors, oldest first; the publisher thread probes them in that order.
         self._held: deque[weakref.ref[BatchInfo]] = deque()
 
     def hold(self, t: torch.Tensor, info: BatchInfo) -> bool:
         """Whether ``info`` may hold the large CPU tensor ``t`` for a later probe (else it is probed now)."""
         address = t.data_ptr()
-        for seen_at, tensor, batch in self._recent:
-            if seen_at == address and tensor() is not None and (other := batch()) is not info:
-                # Two live tensors of two batches at one address share memory: the loader writes batches where
-                # earlier ones were. (Within one batch it is one tensor given twice: an autoencoder's (x, x).)
+        for seen_at, tensor, batch, version in self._recent:
+            if (live := tensor()) is None or (other := batch()) is info:
+                continue  # (within one batch, one tensor given twice: an autoencoder's (x, x))
+            # Two live tensors of two batches at one address share memory: the loader writes batches where earlier
+            # ones were. A version that moved: the loop wrote into its batch after it was given.
+            if seen_at == address or live._version != version:
                 self.on = False
                 if other is not None and other.held is not None:
                     other.overwritten = True
-        self._recent.append((address, weakref.ref(t), weakref.ref(info)))
+        self._recent.append((address, weakref.ref(t), weakref.ref(info), t._version))
         self.seen += 1
         if not self.on or self.seen <= WARMUP:
             return False
