@@ -38,15 +38,15 @@ if TYPE_CHECKING:
 
 HELD_BYTES = 256 << 10  # a CPU tensor this large is probed on the publisher thread (bench/large_batches.py)
 HELD_MAX_BYTES = 256 << 20  # about this much at most held for probes (a stalled publisher thread holds no more)
-WARMUP = 16  # the first large tensors, probed at once while their memory is watched for reuse
-WINDOW = 16  # how many recent large tensors a new one's address is compared with
+WARMUP = 16  # the first large tensors, probed at once while they are watched for reused memory and changes
+WINDOW = 16  # how many recent large tensors are watched: their addresses and versions
 
 
 class LateProbes:
     """Decides, on the training thread, which large CPU tensors a step holds for the publisher thread to probe."""
 
     def __init__(self) -> None:
-        self.on = True  # False for the rest of the run once a loader reused a batch's memory
+        self.on = True  # False for the rest of the run once a loader reused a batch's memory or the loop changed one
         self.seen = 0
         # (address, tensor, its batch, its version when seen) of the last large tensors, weakly
         self._recent: deque[tuple[int, weakref.ref[torch.Tensor], weakref.ref[BatchInfo], int]] = deque(maxlen=WINDOW)

@@ -204,7 +204,7 @@ class BatchInfo:
 
     def __init__(self, batch: Any, late: LateProbes | None = None):
         # Large CPU tensors whose finiteness the publisher thread reads (late_probes.py), and whether a loader wrote
-        # another batch into their memory before it did.
+        # another batch into their memory, or the loop changed them, before it did.
         self.held: list[torch.Tensor] | None = None
         self.overwritten = False
         try:
@@ -259,7 +259,7 @@ class BatchInfo:
 
     def probe(self) -> Any:
         """The batch's finiteness probe as a number, its held tensors summed now (on the publisher thread, or where
-        a failing step is examined); None where nothing was probed or a held tensor was overwritten."""
+        a failing step is examined); None where nothing was probed or a held tensor was changed first."""
         held, self.held = self.held, None
         value = self.finite_probe
         if value is not None and type(value) is not float:
