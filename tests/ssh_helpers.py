@@ -47,23 +47,49 @@ def start_sshd(d: Path, extra_config: str = "") -> tuple[subprocess.Popen[str], 
     (d / "authorized_keys").write_text((d / "user_key.pub").read_text())
     os.chmod(d / "authorized_keys", 0o600)
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-    port = free_port()
-    config = d / "sshd_config"
-    config.write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
-        f"PidFile {d / 'sshd.pid'}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\n"
-        "StrictModes no\nPermitRootLogin prohibit-password\nLogLevel ERROR\n" + extra_config
-    )
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
+    # The port is free when asked for and taken by sshd a moment later: another worker of the suite can take it in
+    # between, and then sshd exits on its bind. A new port then, a few times.
+    for attempt in range(3):
+        port = free_port()
+        config = d / "sshd_config"
+        config.write_text(
+            f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\n"
+            f"AuthorizedKeysFile {d / 'authorized_keys'}\nPidFile {d / 'sshd.pid'}\nPasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n"
+            "LogLevel ERROR\n" + extra_config
+        )
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=subprocess.PIPE, text=True)
+        if _listens(proc, port, last=attempt == 2):
+            return proc, port, d / "user_key"
+    raise AssertionError("unreachable")
+
+
+def _listens(proc: subprocess.Popen[str], port: int, *, last: bool) -> bool:
+    """Wait for sshd to listen on ``port``; False where it exited because the port was taken (unless ``last``)."""
+    exited: list[str] = []
 
     def listening() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(f"sshd exited: {proc.stderr.read() if proc.stderr else ''}")
+            exited.append(proc.stderr.read() if proc.stderr else "")
+            return True
         with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
+            s.settimeout(5)
+            # sshd's banner, not another process's listener on the port taken in between
+            return s.connect_ex(("127.0.0.1", port)) == 0 and _banner(s).startswith(b"SSH-")
 
     wait_until(listening, what="sshd to listen")
-    return proc, port, d / "user_key"
+    if not exited:
+        return True
+    if last or "Address already in use" not in exited[0]:
+        raise AssertionError(f"sshd exited: {exited[0]}")
+    return False
+
+
+def _banner(s: socket.socket) -> bytes:
+    try:
+        return s.recv(64)
+    except OSError:  # (a listener that says nothing)
+        return b""
 
 
 def ssh_command(port: int, key: Path) -> str:
