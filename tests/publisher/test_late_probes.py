@@ -52,13 +52,18 @@ def _inputs() -> list[torch.Tensor]:
     return xs
 
 
-def _train(watch: Watch, model: nn.Module, optimizer: torch.optim.Optimizer, batches: Any) -> int:
-    """Trains on ``batches`` (each an input tensor), and returns how many of them this thread summed."""
+def _train(
+    watch: Watch, model: nn.Module, optimizer: torch.optim.Optimizer, batches: Any, *, in_place: bool = False
+) -> int:
+    """Trains on ``batches`` (each an input tensor), and returns how many of them this thread summed. ``in_place``:
+    the loop cleans each batch in place (``x.nan_to_num_()``) once the Watch has it."""
     y = torch.zeros(ROWS, dtype=torch.long)
     sums = CountSums()
     with sums:
         for x in batches:
             watch.step(batch=(x, y))
+            if in_place:
+                x.nan_to_num_()
             loss = nn.functional.cross_entropy(model(x), y)
             watch.log(loss=loss)
             optimizer.zero_grad()
@@ -115,20 +120,12 @@ def test_a_loop_that_cleans_its_batch_in_place_has_its_batches_probed_at_once_as
     batch was finite, where a probe at once (as before late probes, and in the warm-up) said it was not."""
     model, optimizer = _model()
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, on_nonfinite="warn") as watch:
-        y = torch.zeros(ROWS, dtype=torch.long)
-        sums = CountSums()
-        with sums:
-            for x in watch.batches(_inputs()):
-                x.nan_to_num_()
-                loss = nn.functional.cross_entropy(model(x), y)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+        summed = _train(watch, model, optimizer, _inputs(), in_place=True)
     steps = _steps(watch)
     assert [s["step"] for s in steps if s["finite"]["batch"] is not True] == [NAN_AT]
     assert steps[NAN_AT]["finite"]["batch"] is False
     assert steps[NAN_AT]["finite"]["forward"] is True  # the model saw the batch cleaned
-    assert sums.count == STEPS  # the change was seen at the second batch: every probe at once
+    assert summed == STEPS  # the change was seen at the second batch: every probe at once
 
 
 def test_a_non_finite_large_batch_stops_the_run_naming_the_batch(run_root: Path):

@@ -119,6 +119,11 @@ def is_ready(value: Any) -> bool:
     return not isinstance(value, _PENDING) or value.ready()
 
 
+def number(value: Any) -> Any:
+    """A value as a record holds it: numbers (every value, on the CPU) as they are, device values read."""
+    return value if value is None or type(value) is float else resolve(value)
+
+
 def resolve(value: Any) -> Any:
     """A deferred value (or a list of them) as Python numbers; other values unchanged."""
     if isinstance(value, _PENDING):

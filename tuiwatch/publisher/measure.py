@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tuiwatch.publisher.deferred import defer, resolve
+from tuiwatch.publisher.deferred import defer, number
 from tuiwatch.publisher.late_probes import HELD_BYTES, LateProbes
 from tuiwatch.publisher.nested import fields_of
 
@@ -261,9 +261,7 @@ class BatchInfo:
         """The batch's finiteness probe as a number, its held tensors summed now (on the publisher thread, or where
         a failing step is examined); None where nothing was probed or a held tensor was changed first."""
         held, self.held = self.held, None
-        value = self.finite_probe
-        if value is not None and type(value) is not float:
-            value = resolve(value)  # a device value
+        value = number(self.finite_probe)
         if held is None:
             return value
         try:

@@ -14,7 +14,7 @@ from array import array
 from typing import Any, NamedTuple, cast
 
 from tuiwatch.ledger.records import Record, StepRecord
-from tuiwatch.publisher.deferred import PendingDuration, any_made, is_ready, resolve
+from tuiwatch.publisher.deferred import PendingDuration, any_made, is_ready, number, resolve
 from tuiwatch.publisher.measure import BatchInfo
 
 # A step record carries at most this many sample ids: a batch of 200,000 made 1.3 MB lines that no viewer
@@ -37,11 +37,6 @@ class DeviceMemory(NamedTuple):
     allocated: int
     reserved: int
     peak: int
-
-
-def _number(value: Any) -> Any:
-    """A value as the record holds it: numbers (every value, on the CPU) as they are, device values read."""
-    return value if value is None or type(value) is float else resolve(value)
 
 
 def _is_finite(value: Any) -> bool | None:
@@ -160,22 +155,22 @@ class StepState:
         # The step's end event (compute_s) is recorded after these on the same stream: when it is ready, so are
         # they, and build() runs only then.
         return {
-            name: _number(PendingDuration(marks[i], marks[i + 1], host[name]))
+            name: number(PendingDuration(marks[i], marks[i + 1], host[name]))
             for i, name in enumerate(("forward_s", "backward_s", "optimizer_s"))
         }
 
     def build(self) -> StepRecord:
         t = self.t_end or time.time()
-        grad_norm = _number(self.grad_norm)
+        grad_norm = number(self.grad_norm)
         batch = self.batch
         batches = self.batches()
         batch_size, tokens, batch_probe = _batch_totals(batches)
-        compute_s = _number(self.compute_s)
+        compute_s = number(self.compute_s)
         total_s = (self.data_wait_s or 0.0) + (compute_s or 0.0)
         mem = self.mem
-        forward_probe = _number(self.forward_probe)
-        param_norm = _number(self.param_norm)
-        metrics = {name: _number(value) for name, value in self.metrics.items()}
+        forward_probe = number(self.forward_probe)
+        param_norm = number(self.param_norm)
+        metrics = {name: number(value) for name, value in self.metrics.items()}
         # One dict: the step's identity, then the user's metrics, then tuiwatch's fields (the line's order).
         record: StepRecord = {
             "kind": "step",
@@ -183,7 +178,7 @@ class StepState:
             "step": self.step,
             "epoch": self.epoch,
             **metrics,  # type: ignore[typeddict-item]
-            "lr": None if self.lr is None else [_number(v) for v in self.lr],
+            "lr": None if self.lr is None else [number(v) for v in self.lr],
             "grad_norm": grad_norm,
             "grad_norm_clipped": (
                 None
@@ -191,7 +186,7 @@ class StepState:
                 else bool(grad_norm > self.clip_max_norm or not math.isfinite(grad_norm))
             ),
             "param_norm": param_norm,
-            "update_norm": _number(self.update_norm),
+            "update_norm": number(self.update_norm),
             "opt_step": self.opt_step,
             "batch_ids": self.batch_ids,
             "batch_shape": batch.shape if batch is not None else None,
@@ -249,7 +244,7 @@ def _batch_totals(batches: list[BatchInfo]) -> tuple[int | None, int | None, Any
         return None, None, None
     if len(batches) == 1:
         b = batches[0]
-        return b.size, _number(b.tokens), b.probe()
+        return b.size, number(b.tokens), b.probe()
     sizes = [b.size for b in batches]
     tokens = [resolve(b.tokens) for b in batches]
     probes = [p for p in (b.probe() for b in batches) if p is not None]
