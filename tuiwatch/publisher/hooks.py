@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from tuiwatch.publisher import compiling, pickling, process, room, scripting
+from tuiwatch.publisher.activation_checkpointing import in_backward
 from tuiwatch.publisher.clipping import unwatch_clipping, watch_clipping
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.collected import weakly
@@ -111,6 +112,8 @@ class ForwardHook:
             return
         if torch._C._get_tracing_state():
             return  # torch.jit.trace's (and the ONNX exporter's) forwards are an export's, not the run's
+        if output is not None and in_backward():
+            return  # a checkpoint's recomputation, not the step's forward (activation_checkpointing.py); an OOM is told
         self.act(module, args, output)
 
     def act(self, module: Any, args: Any, output: Any) -> None:

@@ -26,6 +26,7 @@ from torch.nn.parameter import is_lazy
 from tuiwatch.ledger.ranks import rank_ledgers
 from tuiwatch.ledger.records import END_REASONS
 from tuiwatch.publisher import environment, process, resume
+from tuiwatch.publisher.activation_checkpointing import in_function_forward
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 from tuiwatch.publisher.collected import ended_unclosed, weakly
 from tuiwatch.publisher.commands import CommandRunner, refused_after_end
@@ -602,7 +603,7 @@ class Watch:
         s = tracker.cur
         if tracker.off or s is None or (s.opt_step is None and not s.opt_skipped):
             return  # no update yet in this step: its next micro-batch (accumulation), or its other parts' forwards
-        if not torch.is_grad_enabled() or not tracker.trains(module):
+        if not (torch.is_grad_enabled() or in_function_forward(args)) or not tracker.trains(module):
             # An evaluation after the update (an epoch's validation, a test set at the end): in the step, as a
             # watch.log() of its result is, but not its compute. A validation() block sets its own time aside.
             if s.evaluated_at is None and tracker.eval is None:
