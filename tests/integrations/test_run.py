@@ -465,6 +465,47 @@ def test_another_model_trained_after_the_watched_one_is_named_as_not_watched(
     assert all(s.get("micro_batches") is None for s in steps)
 
 
+A_NEW_OPTIMIZER_EACH_STAGE = """
+import sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+x = torch.randn(256, 6)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, :3].argmax(1)), batch_size=32)
+model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+for stage in range(3):
+    if sys.argv[1] == "decay":  # an old script's schedule: a new optimizer at a lower lr each epoch
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * 0.5**stage, momentum=0.9)
+    else:  # gradual unfreezing: the head first, then one more layer with each new optimizer
+        model[0].requires_grad_(stage > 0)
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    for xb, yb in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("stages", ["decay", "unfreeze"])
+def test_a_new_optimizer_over_the_same_model_goes_on_the_same_run(socket_dir: Path, tmp_path: Path, stages: str):
+    # Each stage's optimizer made its own run (three runs of 8 steps, each starting at step 0).
+    script = tmp_path / "script.py"
+    script.write_text(A_NEW_OPTIMIZER_EACH_STAGE)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), stages], socket_dir)
+    assert done.returncode == 0, done.stderr
+    steps = records(ledger_file(tmp_path / "runs"), "step")
+    assert [s["opt_step"] for s in steps] == list(range(1, 25))
+    assert [s["epoch"] for s in steps] == [e for e in range(3) for _ in range(8)]
+    lrs = [[0.1], [0.05], [0.025]] if stages == "decay" else [[1e-3]] * 3
+    assert [s["lr"] for s in steps] == [lr for lr in lrs for _ in range(8)]
+    assert [line for line in done.stderr.splitlines() if "replaced its optimizer" in line] == [
+        f"tuiwatch: script: the loop replaced its optimizer at step 8: a new {'SGD' if stages == 'decay' else 'Adam'} "
+        "over the model's parameters, whose lr, norms and updates are read from there on (and those of any later one "
+        "that replaces it)"
+    ]
+
+
 MUON_SHAPED = """
 import json, math, sys
 import torch

@@ -62,7 +62,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from tuiwatch.errors import NonFiniteError, StopRequested
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
-from tuiwatch.publisher import pickling, process
+from tuiwatch.publisher import pickling, process, replaced
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.compiling import uncompiled
 from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
@@ -366,6 +366,9 @@ class ScriptWatch:
 
     def install(self) -> None:
         self._undo.append(register_optimizer_step_pre_hook(uncompiled(self._before_step)).remove)
+        # Now, not when the first Watch starts inside the hook above (torch iterates its global hooks meanwhile), and
+        # after it: the hook above meets a replacing optimizer before its Watch's hooks are on it.
+        replaced.install()
         self._undo.append(register_optimizer_step_post_hook(uncompiled(self._after_step)).remove)
         self.loss.install()
         self._undo.append(self.loss.remove)
@@ -418,14 +421,20 @@ class ScriptWatch:
             watched = self.optimizer
         elif optimizer is not watched and not self.declined and optimizer not in self._others:
             self._others.add(optimizer)
-            # A new optimizer (once each): is the watched one's script done with it? A trial's or a teacher's is
-            # garbage in a cycle (it and the Watch its hooks hold) until a collection, so one is made now.
-            watched = None  # (not held here meanwhile)
-            gc.collect()
-            if self.optimizer is None:
-                self._next_run()
-                self._start(optimizer)
-                watched = self.optimizer
+            if self._follows(optimizer):
+                # A new optimizer over the same model (an lr decayed by building one an epoch, a stage of gradual
+                # unfreezing): the run goes on with it (publisher/replaced.py).
+                self._optimizer = weakref.ref(optimizer)
+                watched = optimizer
+            else:
+                # A new optimizer (once each): is the watched one's script done with it? A trial's or a teacher's is
+                # garbage in a cycle (it and the Watch its hooks hold) until a collection, so one is made now.
+                watched = None  # (not held here meanwhile)
+                gc.collect()
+                if self.optimizer is None:
+                    self._next_run()
+                    self._start(optimizer)
+                    watched = self.optimizer
         watch = self.watch
         if optimizer is not watched or watch is None:
             return None
@@ -437,6 +446,11 @@ class ScriptWatch:
         # LBFGS evaluates its closure many times a step: the loss is what the first call (at the step's weights)
         # backpropagated, as the value step() returns.
         return with_closure(args, kwargs, after_first_call(closure, self.loss.hold))
+
+    def _follows(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether the run's Watch takes ``optimizer`` for one that replaced its own (and now watches it)."""
+        watch = self.watch
+        return watch is not None and not self._beside and watch.follow(optimizer)
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         if os.getpid() != self._pid:

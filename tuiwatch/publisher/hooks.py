@@ -57,6 +57,7 @@ from tuiwatch.publisher.measure import (
 from tuiwatch.publisher.optimizers import inner_optimizer
 from tuiwatch.publisher.parts import has_forward, model_parts
 from tuiwatch.publisher.pending import StepState
+from tuiwatch.publisher.replaced import tell_steps
 from tuiwatch.publisher.steps import StepTracker
 
 
@@ -247,6 +248,12 @@ class ModelHooks:
         self.optimizer = optimizers[0] if optimizers else None  # the usual one, asked at every step without a list
         self._stepping = [inner_optimizer(o) for o in optimizers]
         self._several = len(optimizers) > 1
+        self._optimizer_handles: list[Any] = []
+        # Between the watched optimizer's pre- and post-hook: an optimizer stepped now is one it steps inside
+        # (SAM's base optimizer, Lookahead's), never one that replaces it (replaced.py).
+        self.in_step = False
+        # Told of an optimizer stepping that is not the watched one (the Watch sets it before attach(): replaced.py)
+        self.on_other_optimizer: Callable[[Any], Any] | None = None
         # Several optimizers: each one's gradients as the step's check saw them, and that step (_check_newer).
         self._marks: list[tuple[Any, int] | None] = []
         self._marked: StepState | None = None
@@ -284,11 +291,9 @@ class ModelHooks:
             self.tracker.on_end = self.after_all_optimizer_steps
         else:
             pre, post = self.before_optimizer_step, self.after_optimizer_step
-        for stepping in self._stepping:
-            # Not traced where the optimizer's step is compiled (PyTorch's recipe: torch.compile of a function that
-            # calls opt.step()): one graph became ten, as for the forward hook below.
-            self.attached.handles.append(stepping.register_step_pre_hook(uncompiled(pre)))
-            self.attached.handles.append(stepping.register_step_post_hook(uncompiled(post)))
+        self._hook_optimizers(pre, post)
+        if self.on_other_optimizer is not None and not self._several:
+            self.attached.handles.append(tell_steps(self))  # to see one that replaces the watched one
         if not self.optimizers:
             self.tracker.on_open = self.at_step_open
             self.tracker.on_end = self.at_step_end
@@ -299,6 +304,47 @@ class ModelHooks:
         watch_clipping(self)
         if not has_forward(self.model):
             self._watch_parts()
+
+    def _hook_optimizers(self, pre: Callable[..., Any], post: Callable[..., Any]) -> None:
+        for stepping in self._stepping:
+            # Not traced where the optimizer's step is compiled (PyTorch's recipe: torch.compile of a function that
+            # calls opt.step()): one graph became ten, as for the forward hook below.
+            for handle in (
+                stepping.register_step_pre_hook(uncompiled(pre)),
+                stepping.register_step_post_hook(uncompiled(post)),
+            ):
+                self.attached.handles.append(handle)
+                self._optimizer_handles.append(handle)
+
+    def an_optimizer_steps(self, optimizer: Any) -> None:
+        """Any optimizer's step is starting (replaced.py; the watched one's too, at every step)."""
+        if optimizer is not self._stepping[0] and self.on_other_optimizer is not None:
+            self.on_other_optimizer(optimizer)
+
+    def is_watched(self, optimizer: Any) -> bool:
+        """Whether ``optimizer`` (as torch's global step hooks see it: the one whose ``step()`` runs) is watched."""
+        return any(optimizer is o for o in self.optimizers) or any(optimizer is o for o in self._stepping)
+
+    def replace_optimizer(self, new: Any) -> Any:
+        """The loop replaced the one optimizer the Watch was given with ``new`` (replaced.py): the hooks go on it
+        and off the old one, which is returned. The norms read the model's parameters either way."""
+        old = self.optimizer
+        self.optimizers = [new]
+        self.optimizer = new
+        self.step_with(inner_optimizer(new))
+        return old
+
+    def step_with(self, stepping: Any) -> None:
+        """The hooks go on ``stepping``, the optimizer whose ``step()`` runs at each of the watched one's updates, and
+        off the one they were on."""
+        for handle in self._optimizer_handles:
+            handle.remove()
+            self.attached.handles.remove(handle)
+        self._optimizer_handles.clear()
+        self._stepping = [stepping]
+        self._param_cache = (-1, [])
+        self._before_update = None  # a snapshot the other one's step would have been compared with
+        self._hook_optimizers(self.before_optimizer_step, self.after_optimizer_step)
 
     def remove(self) -> None:
         unwatch_clipping(self)
@@ -440,6 +486,7 @@ class ModelHooks:
         s.classes = class_count(output, batch)
 
     def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        self.in_step = True
         tracker = self.tracker
         if tracker.off:
             return None
@@ -516,6 +563,7 @@ class ModelHooks:
                 self.failures.nonfinite_gradients(s, params)
 
     def after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.in_step = False
         tracker = self.tracker
         s = tracker.cur
         if tracker.off or s is None:

@@ -38,6 +38,7 @@ from tuiwatch.publisher.loader import iter_with_ids
 from tuiwatch.publisher.optimizers import as_list
 from tuiwatch.publisher.pending import EvalState, StepState
 from tuiwatch.publisher.ranks import current_ranks, replicated
+from tuiwatch.publisher.replaced import held_by, replaces, scheduler_of
 from tuiwatch.publisher.run_record import default_name, start_line
 from tuiwatch.publisher.seeding import last_seeding
 from tuiwatch.publisher.startup import open_publishing
@@ -196,6 +197,10 @@ class Watch:
             late_gradients=late_gradients,
             name=self.name,
         )
+        self._replaced = 0  # optimizers that replaced the one the Watch was given, one after another
+        self._not_replacing: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers seen stepping that replace none
+        if len(self._hooks.optimizers) == 1 and not late_gradients:  # (Lightning's own optimizers are its affair)
+            self._hooks.on_other_optimizer = weakly(self._an_optimizer_steps, _no_replacement)
         self._hooks.attach()
         if integration is None:  # (an integration marks its steps itself, from its framework's events)
             tracker.on_first_update = weakly(self._unmarked_loop, _nothing)
@@ -632,6 +637,48 @@ class Watch:
         _evaluation_set_aside(s, now)
         self._boundary(now)
 
+    # --- an optimizer that replaces the Watch's (replaced.py) ----------------------------
+
+    def _an_optimizer_steps(self, optimizer: Any) -> None:
+        if optimizer not in self._not_replacing and not self._hooks.is_watched(optimizer):
+            self.follow(optimizer)
+
+    def follow(self, optimizer: Any) -> bool:
+        """Whether ``optimizer``, stepping now, is the Watch's: the one it was given, or one that replaced it (a new
+        one over the same model, replaced.py), whose hooks measure this step on. Called at its step's start, before
+        its own pre-hooks (torch runs the global ones first)."""
+        hooks = self._hooks
+        if hooks.is_watched(optimizer):
+            return True
+        if self._tracker.off or hooks.in_step or len(hooks.optimizers) != 1 or optimizer in self._not_replacing:
+            return False
+        if held_by(hooks.optimizer, optimizer):
+            # The watched one's own inner optimizer, stepped outside its step(): SAM's base optimizer, at the
+            # second_step() of a loop that never calls SAM's step(). Its steps are the updates.
+            hooks.step_with(optimizer)
+            return True
+        try:
+            follows = replaces(optimizer, hooks._stepping[0], hooks.params())
+        except Exception:  # an optimizer of one's own without param_groups: not a replacement
+            follows = False
+        if not follows:
+            self._not_replacing.add(optimizer)
+            return False
+        old = hooks.replace_optimizer(optimizer)
+        self.optimizer = self._parts.optimizer = optimizer
+        scheduler = self._parts.scheduler
+        if scheduler is not None and getattr(scheduler, "optimizer", None) is old:
+            self.scheduler = self._parts.scheduler = scheduler_of(optimizer)  # the new one's, or none
+        if not self._replaced:  # once: a loop that builds one an epoch would say it at every epoch
+            s = self._tracker.cur
+            self._say(
+                f"the loop replaced its optimizer at step {s.step if s is not None else self._tracker.step}: a new "
+                f"{type(optimizer).__name__} over the model's parameters, whose lr, norms and updates are read from "
+                "there on (and those of any later one that replaces it)"
+            )
+        self._replaced += 1
+        return True
+
     def _say(self, line: str) -> None:
         print(f"tuiwatch: {self.name}: {line}", file=sys.stderr, flush=True)
 
@@ -655,6 +702,10 @@ def _evaluation_set_aside(s: StepState, now: float) -> None:
 
 def _nothing() -> None:
     return None  # the first update of a Watch collected meanwhile
+
+
+def _no_replacement(optimizer: Any) -> None:
+    return None  # an optimizer stepping after the Watch was collected
 
 
 def _no_dump(found: Any, records: Any) -> None:
