@@ -212,6 +212,22 @@ def test_a_loss_of_zero_since_the_first_step_with_zero_gradients_never_depended_
     assert "zero_grad_steps" not in moving["evidence"]
 
 
+def test_a_loss_that_fell_to_exactly_zero_is_at_its_floor_not_frozen():
+    # A transfer-learning tutorial (bruce1408/Pytorch_learning, 6_11_TransferLearning_0.py) fits a regression to one
+    # sample: its MSE falls from 0.78 to exactly 0.0 by step 45, every gradient 0 from there. loss-frozen said "the
+    # loss does not depend on the model" at step 94 of a run that had just learned it.
+    fitted = [step(i, loss=0.78 / (i + 1), grad_norm=1.0 / (i + 1)) for i in range(45)]
+    fitted += [step(i, loss=0.0, grad_norm=0.0) for i in range(45, 100)]
+    assert fired(fitted, "loss-frozen") == []
+    # Frozen at any other value, or at 0 with gradients, it still speaks.
+    assert fired(fitted[:45] + [step(i, loss=0.25, grad_norm=0.0) for i in range(45, 100)], "loss-frozen") == [
+        ("loss-frozen", 94, "warning")
+    ]
+    assert fired(fitted[:45] + [step(i, loss=0.0, grad_norm=0.5) for i in range(45, 100)], "loss-frozen") == [
+        ("loss-frozen", 94, "warning")
+    ]
+
+
 def test_steps_without_an_optimizer_step_are_not_zero_gradients():
     assert fired([step(i, grad_norm=None, opt_step=None) for i in range(20)], "grad-zero") == []
 

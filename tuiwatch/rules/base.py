@@ -25,6 +25,25 @@ def top_lr(record: Record) -> float | None:
     return top
 
 
+class Learned:
+    """Whether the run has had something to learn from: a loss or a gradient norm other than 0 since its first step
+    record, or a first step record that is not step 0 (a resumed run, or one watched from mid-run: its start unseen).
+
+    Zero gradients of a loss of exactly 0 are then a loss at its floor (a solved task, a sample fitted exactly), not
+    a loss that never depended on the model (grad-zero, loss-frozen).
+    """
+
+    def __init__(self) -> None:
+        self.yes: bool | None = None  # None until the first step record
+
+    def see(self, record: Record) -> None:
+        if self.yes is None:
+            self.yes = record.get("step") != 0
+        norm, loss = record.get("grad_norm"), record.get("loss")
+        if (loss is not None and loss != 0) or (norm is not None and norm != 0):
+            self.yes = True
+
+
 class Rule:
     """A rule watches the record stream through a bounded window and speaks when its condition starts.
 

@@ -9,7 +9,7 @@ from collections import deque
 from tuiwatch.ledger.fields import num
 from tuiwatch.ledger.numbers import number
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
-from tuiwatch.rules.base import Rule
+from tuiwatch.rules.base import Learned, Rule
 
 
 class GradExplosion(Rule):
@@ -89,19 +89,17 @@ class GradZero(Rule):
         super().__init__()
         self.steps = steps
         self.run = 0
-        # Whether the run has shown a loss or gradient other than 0; None until the first step record, and True
-        # for a run whose first step record is not step 0 (resumed, or watched from mid-run: its start unseen).
-        self.learned: bool | None = None
+        self.learned = Learned()
 
     def check(self, record: Record) -> AlertRecord | None:
-        if self.learned is not True:  # (every step record: once the run has learned, one test)
-            self._learns(record)
+        if self.learned.yes is not True:  # (once the run has learned, one test a record)
+            self.learned.see(record)
         if record.get("opt_step") is None:
             return None
         norm = record.get("grad_norm")
         never = False
         if norm == 0 and record.get("loss") == 0:
-            if self.learned:
+            if self.learned.yes:
                 # Nothing to learn from, not a broken graph: a loss at its floor has no gradient (a solved CartPole
                 # under A2C, its returns predicted exactly; a classifier whose margins underflow its loss to 0.0).
                 return None
@@ -128,14 +126,6 @@ class GradZero(Rule):
             {"grad_norm": norm, "steps": self.run},
             "a detached graph, no_grad, frozen params, or a loss that does not depend on the model",
         )
-
-    def _learns(self, record: Record) -> None:
-        """Whether the run has had something to learn from, as of ``record`` (see ``learned``)."""
-        if self.learned is None:
-            self.learned = record.get("step") != 0
-        norm, loss = record.get("grad_norm"), record.get("loss")
-        if (loss is not None and loss != 0) or (norm is not None and norm != 0):
-            self.learned = True
 
     def clears(self, record: Record) -> bool:
         norm = record.get("grad_norm")

@@ -12,7 +12,7 @@ from typing import Any
 from tuiwatch.ledger.fields import integer, num
 from tuiwatch.ledger.numbers import number
 from tuiwatch.ledger.records import AlertRecord, Record, alert_record
-from tuiwatch.rules.base import Rule, top_lr
+from tuiwatch.rules.base import Learned, Rule, top_lr
 
 
 class LossFrozen(Rule):
@@ -20,7 +20,10 @@ class LossFrozen(Rule):
 
     Where the optimizer stepped on zero gradients at every one of those steps,
     the loss does not depend on the model at all, and the advice says so
-    rather than pointing at the update norm and the lr.
+    rather than pointing at the update norm and the lr. A loss of exactly 0
+    with zero gradients after the run had something to learn from is a loss
+    at its floor, as grad-zero takes it: a single sample fitted exactly
+    (a transfer-learning tutorial's regression on one example) is no alarm.
     """
 
     id = "loss-frozen"
@@ -31,8 +34,11 @@ class LossFrozen(Rule):
         self.last: float | None = None
         self.run = 0
         self.zero_grads = 0  # steps of the run in which the optimizer stepped on a gradient norm of exactly 0
+        self.learned = Learned()
 
     def check(self, record: Record) -> AlertRecord | None:
+        if self.learned.yes is not True:  # (once the run has learned, one test a record)
+            self.learned.see(record)
         loss = num(record.get("loss"))
         if loss is None:
             return None
@@ -45,6 +51,8 @@ class LossFrozen(Rule):
         if self.run < self.steps:
             return None
         no_gradient = self.zero_grads == self.run
+        if no_gradient and loss == 0 and self.learned.yes:
+            return None  # a loss at its floor
         return alert_record(
             self.id,
             "warning",
