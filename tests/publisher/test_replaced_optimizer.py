@@ -280,3 +280,32 @@ def test_watches_that_start_and_end_leave_torchs_global_step_hooks_as_they_were(
     del unclosed
     gc.collect()
     assert list(_global_optimizer_pre_hooks) == before
+
+
+class FailsOnce(torch.optim.SGD):
+    """An SGD whose fourth step runs out of memory, as a loop that catches an OOM and goes on meets it."""
+
+    calls = 0
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        self.calls += 1
+        if self.calls == 4:
+            raise torch.OutOfMemoryError("out of memory (in the test)")
+        return super().step(closure)
+
+
+def test_a_step_that_raised_inside_the_watched_optimizer_does_not_stop_a_later_replacement(run_root: Path):
+    model = _model()
+    optimizer: torch.optim.Optimizer = FailsOnce(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for x, y in watch.batches(BATCHES):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            try:
+                optimizer.step()
+            except torch.OutOfMemoryError:
+                continue  # the loop skips the batch (the epoch's last: nothing steps in between)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        _train(watch, model, optimizer)
+        assert watch.optimizer is optimizer
+    assert [s["lr"] for s in _steps(watch)][-4:] == [[0.05]] * 4

@@ -249,9 +249,10 @@ class ModelHooks:
         self._stepping = [inner_optimizer(o) for o in optimizers]
         self._several = len(optimizers) > 1
         self._optimizer_handles: list[Any] = []
-        # Between the watched optimizer's pre- and post-hook: an optimizer stepped now is one it steps inside
-        # (SAM's base optimizer, Lookahead's), never one that replaces it (replaced.py).
-        self.in_step = False
+        # The step whose watched optimizer's step() is running (between its pre- and post-hook): an optimizer stepped
+        # meanwhile is one it steps inside (Lookahead's), never one that replaces it (replaced.py). A step that
+        # raised there (an OOM the loop caught) leaves it set, until another step opens.
+        self.stepping_in: StepState | None = None
         # Told of an optimizer stepping that is not the watched one (the Watch sets it before attach(): replaced.py)
         self.on_other_optimizer: Callable[[Any], Any] | None = None
         # Several optimizers: each one's gradients as the step's check saw them, and that step (_check_newer).
@@ -486,11 +487,10 @@ class ModelHooks:
         s.classes = class_count(output, batch)
 
     def before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-        self.in_step = True
         tracker = self.tracker
         if tracker.off:
             return None
-        s = tracker.cur or tracker.current()
+        s = self.stepping_in = tracker.cur or tracker.current()
         s.opt_start = time.perf_counter()
         if s.device_start is not None:
             s.opt_start_mark = device_mark()
@@ -563,7 +563,7 @@ class ModelHooks:
                 self.failures.nonfinite_gradients(s, params)
 
     def after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.in_step = False
+        self.stepping_in = None
         tracker = self.tracker
         s = tracker.cur
         if tracker.off or s is None:

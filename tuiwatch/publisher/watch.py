@@ -650,8 +650,11 @@ class Watch:
         hooks = self._hooks
         if hooks.is_watched(optimizer):
             return True
-        if self._tracker.off or hooks.in_step or len(hooks.optimizers) != 1 or optimizer in self._not_replacing:
+        tracker = self._tracker
+        if tracker.off or len(hooks.optimizers) != 1 or optimizer in self._not_replacing:
             return False
+        if hooks.stepping_in is not None and hooks.stepping_in is tracker.cur:
+            return False  # stepped inside the watched one's step
         if held_by(hooks.optimizer, optimizer):
             # The watched one's own inner optimizer, stepped outside its step(): SAM's base optimizer, at the
             # second_step() of a loop that never calls SAM's step(). Its steps are the updates.
@@ -670,9 +673,9 @@ class Watch:
         if scheduler is not None and getattr(scheduler, "optimizer", None) is old:
             self.scheduler = self._parts.scheduler = scheduler_of(optimizer)  # the new one's, or none
         if not self._replaced:  # once: a loop that builds one an epoch would say it at every epoch
-            s = self._tracker.cur
+            s = tracker.cur
             self._say(
-                f"the loop replaced its optimizer at step {s.step if s is not None else self._tracker.step}: a new "
+                f"the loop replaced its optimizer at step {s.step if s is not None else tracker.step}: a new "
                 f"{type(optimizer).__name__} over the model's parameters, whose lr, norms and updates are read from "
                 "there on (and those of any later one that replaces it)"
             )
