@@ -24,7 +24,7 @@ from torch import nn
 
 from tuiwatch.ledger.records import Record
 from tuiwatch.publisher import compiling
-from tuiwatch.publisher.hooks import PART_PROBES
+from tuiwatch.publisher.hooks import OUTPUT_PROBES
 from tuiwatch.publisher.parts import has_forward, model_parts
 from tuiwatch.publisher.watch import Watch
 
@@ -172,7 +172,7 @@ def test_a_step_of_more_part_calls_than_are_checked_leaves_its_output_unchecked(
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(3, 4)
     with Watch(model, opt, run_dir=run_root, system=False, quiet=True) as watch:
-        for length in (4, PART_PROBES + 1):
+        for length in (4, OUTPUT_PROBES + 1):
             watch.step()
             h = torch.zeros(3, 4)
             for _ in range(length):

@@ -289,6 +289,41 @@ def test_an_integrations_boundaries_timed_waits_and_late_gradients(run_root: Pat
     assert step["grad_norm"] == pytest.approx(grads_at[0], rel=1e-6)
 
 
+class LogOfInput(nn.Module):
+    """A model whose output is NaN for an input row below zero: a finite batch, a non-finite forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x[:, :1].log() + x)
+        return out
+
+
+def test_every_micro_batchs_forward_output_is_checked(run_root: Path):
+    # With accumulation only the step's first forward was checked: a NaN the model made in a later micro-batch read
+    # finite.forward true, and the alert named the loss as the first broken link.
+    torch.manual_seed(0)
+    model = LogOfInput()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.rand(4, 2) + 0.1, torch.randint(0, 2, (4,))) for _ in range(8)]
+    batches[5][0][0, 0] = -1.0  # step 2's second micro-batch: finite, and the model's log makes it NaN
+    with Watch(model, optimizer, run_dir=run_root, system=False, step_per="optimizer", on_nonfinite="warn") as watch:
+        for i, (x, y) in enumerate(watch.batches(batches)):
+            (nn.functional.cross_entropy(model(x), y) / 2).backward()
+            if i % 2:
+                optimizer.step()
+                optimizer.zero_grad()
+    ledger = _ledger(watch)
+    steps = [r for r in ledger if r["kind"] == "step"]
+    assert [s["micro_batches"] for s in steps] == [2, 2, 2, 2]
+    # (under "warn" the NaN update went through: step 3's weights, and so its outputs, are NaN)
+    assert [(s["finite"]["batch"], s["finite"]["forward"]) for s in steps] == [(True, True)] * 2 + [(True, False)] * 2
+    (alert,) = [r for r in ledger if r["kind"] == "alert" and r["rule"] == "nonfinite"]
+    assert alert["message"].startswith("first at step 2, boundary=forward")
+
+
 def test_attention_mask_gives_the_token_count(run_root: Path, socket_dir: Path):
     model = nn.Embedding(10, 2)
     batch = {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 0]]), "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}

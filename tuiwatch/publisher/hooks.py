@@ -28,6 +28,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -78,9 +79,10 @@ def default_param_norm_every(param_count: int) -> int:
 
 
 KEEP_SNAPSHOT_ELEMENTS = 4_000_000  # 16 MB of float32: below it the update norm's buffers are kept
-# A model watched by its parts: the outputs of at most this many of their calls a step are checked (an RNN cell
-# called once a time step would add two small kernels a call); a step with more leaves its output unchecked.
-PART_PROBES = 64
+# The outputs of at most this many forwards a step are checked: a model's micro-batches (accumulation), its parts'
+# calls (an RNN cell called once a time step would add two small kernels a call); a step with more leaves its output
+# unchecked.
+OUTPUT_PROBES = 64
 
 
 class ForwardHook:
@@ -756,16 +758,46 @@ class ModelHooks:
             s.forward_end = time.perf_counter()
             if s.device_start is not None:
                 s.forward_mark = device_mark()
-        if s.forward_probe is not None or not s.measured:
+        if not s.measured:
+            return
+        if s.outputs_probed:
+            self._probe_output(s, output)  # another forward in the step: a micro-batch (accumulation)
             return
         try:
             out = output if type(output) is torch.Tensor else output_tensor(output)
             if out is not None:
                 dtype = out.dtype  # read once for the test and the probe: each call into torch is a cold one here
                 if dtype.is_floating_point:
-                    s.forward_probe = defer(finiteness_probe(out, dtype))
+                    probe = s.output_sum = finiteness_probe(out, dtype)
+                    s.outputs_probed = 1
+                    s.forward_probe = defer(probe)
             if not self._classes_decided:
                 self._decide_classes(s, output)
+        except Exception:  # noqa: S110 - an output torch cannot sum (a nested tensor of ragged parts): not checked
+            pass
+
+    def _probe_output(self, s: StepState, output: Any) -> None:
+        """One more output into the step's ``finite.forward``: the sum of the probes of all its forwards' outputs
+        (on the device, one number whatever the count), up to ``OUTPUT_PROBES``; past them, not checked rather than
+        checked in part. A non-finite output of any micro-batch or part is the model's."""
+        if s.outputs_probed > OUTPUT_PROBES:
+            return
+        s.outputs_probed += 1
+        if s.outputs_probed > OUTPUT_PROBES:
+            s.forward_probe = s.output_sum = None
+            return
+        try:
+            out = output if type(output) is torch.Tensor else output_tensor(output)
+            if out is None or not out.dtype.is_floating_point:
+                return
+            probe = finiteness_probe(out)
+            total = s.output_sum
+            if total is not None:
+                if total.device != probe.device:  # a model split over devices
+                    probe = probe.to(total.device, non_blocking=True)
+                probe = total + probe
+            s.output_sum = probe
+            s.forward_probe = defer(probe)
         except Exception:  # noqa: S110 - an output torch cannot sum (a nested tensor of ragged parts): not checked
             pass
 
@@ -788,27 +820,15 @@ class ModelHooks:
             s.forward_end = time.perf_counter()
             if s.device_start is not None:
                 s.forward_mark = device_mark()
-        if not s.measured or s.part_calls > PART_PROBES:
+        if not s.measured or s.outputs_probed > OUTPUT_PROBES:
             return
-        s.part_calls += 1
-        if s.part_calls > PART_PROBES:
-            s.forward_probe = s.part_sum = None  # not checked, rather than checked in part
+        self._probe_output(s, output)
+        if s.outputs_probed > OUTPUT_PROBES:
             return
-        try:
-            out = output if type(output) is torch.Tensor else output_tensor(output)
-            if out is not None and out.dtype.is_floating_point:
-                probe = finiteness_probe(out)
-                total = s.part_sum
-                if total is not None:
-                    if total.device != probe.device:  # a model split over devices
-                        probe = probe.to(total.device, non_blocking=True)
-                    probe = total + probe  # on the device: one number whatever the count
-                s.part_sum = probe
-                s.forward_probe = defer(probe)
-            if not self._classes_decided or self._classes_step == s.step:
-                self._decide_classes(s, output)  # the step's last part decides: the head, not the backbone
-        except Exception:  # noqa: S110 - as the model's: an output torch cannot sum is not checked
-            pass
+        if not self._classes_decided or self._classes_step == s.step:
+            # The step's last part decides: the head, not the backbone (an output torch cannot read: not looked at).
+            with contextlib.suppress(Exception):
+                self._decide_classes(s, output)
 
     def _forward_ran(self, module: Any, output: Any) -> StepState | None:
         """A watched forward returned (or raised: ``output`` is None) in ``module``'s mode: the step it ran in, or

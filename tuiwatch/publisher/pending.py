@@ -87,11 +87,12 @@ class StepState:
     forward_mark: Any = None
     opt_start_mark: Any = None
     opt_end_mark: Any = None
-    # A model watched by its parts (parts.py): the first part called in the step, the calls whose outputs were
-    # checked, and the sum of their probes (on the device)
+    # A model watched by its parts (parts.py): the first part called in the step
     first_part: Any = None
-    part_calls = 0
-    part_sum: Any = None
+    # The forwards whose outputs were checked (the model's micro-batches, its parts' calls) and the sum of their
+    # probes (on the device)
+    outputs_probed = 0
+    output_sum: Any = None
 
     def __init__(self, step: int, started: float):
         self.step = step
