@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -504,6 +505,54 @@ def test_a_new_optimizer_over_the_same_model_goes_on_the_same_run(socket_dir: Pa
         "over the model's parameters, whose lr, norms and updates are read from there on (and those of any later one "
         "that replaces it)"
     ]
+
+
+LOSS_WITHOUT_AN_UPDATE = """
+import sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(80, 4)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x[:, 0].gt(0).long()), batch_size=8)
+for i, (xb, yb) in enumerate(loader):
+    if sys.argv[1] == "inf" and i == 5:
+        xb = xb.clone()
+        xb[0, 0] = float("inf")  # the loop's own bug, after the loader
+    loss = nn.functional.cross_entropy(model(xb), yb) / 4
+    loss.backward()
+    print(loss.item())
+    if i % 4 == 3:  # 4 micro-batches an update: the last 2 batches (8 and 9) never stepped
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("case", ["inf", "tail"])
+def test_a_step_without_its_update_records_the_loss_it_backpropagated(socket_dir: Path, tmp_path: Path, case: str):
+    # The step a non-finite gradient stopped before its update had no loss ("loss -" in the alert), and the script's
+    # last micro-batches, backpropagated with no update after them, made a last step without one.
+    script = tmp_path / "script.py"
+    script.write_text(LOSS_WITHOUT_AN_UPDATE)
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), case], socket_dir)
+    printed = [float(v) for v in done.stdout.split()]
+    ledger = ledger_file(tmp_path / "runs")
+    steps = records(ledger, "step")
+    if case == "inf":
+        assert done.returncode == 1
+        assert [s["opt_step"] for s in steps] == [1, None]
+        assert math.isnan(steps[1]["loss"])
+        assert steps[1]["finite"] == {"batch": True, "forward": False, "loss": False, "grad": False, "param": None}
+        (alert,) = records(ledger, "alert")
+        assert alert["message"] == "first at step 1, boundary=forward (loss nan, grad norm nan)"
+    else:
+        assert done.returncode == 0, done.stderr
+        assert [s["opt_step"] for s in steps] == [1, 2, None]
+        assert [s["micro_batches"] for s in steps[1:]] == [4, 2]
+        assert steps[2]["loss"] == pytest.approx(sum(printed[8:]), rel=1e-6)
+    assert steps[1]["loss"] == pytest.approx(sum(printed[4:8]), rel=1e-6, nan_ok=True)
 
 
 MUON_SHAPED = """

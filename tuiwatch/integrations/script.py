@@ -384,13 +384,19 @@ class ScriptWatch:
         """End the run. At a normal end, an open step that no optimizer step closed and that backpropagated
         nothing is no step: a batch the script drew in training mode after its last step (pytorch/examples'
         mnist_forward_forward draws its test batch so) would be a last step with no loss and its evaluation as
-        compute. A run that fails keeps it: that is the step it failed in."""
+        compute. A run that fails keeps it: that is the step it failed in; so is one that backpropagated."""
         watch = self.watch
         if watch is None:
             return
         s = watch._tracker.cur
         if reason == "finished" and s is not None and self._untrained(s):
             watch._tracker.discard()
+        elif s is not None and s.opt_step is None:
+            # What it backpropagated with no optimizer step after (the script's last micro-batches; the step a
+            # script's own error ended) is its loss, as a step's is.
+            loss = self.loss.take()
+            if loss is not None:
+                watch.log(loss=loss)
         watch.close(reason)
 
     def _untrained(self, s: StepState) -> bool:
@@ -442,6 +448,11 @@ class ScriptWatch:
         self.loss.held = False  # (a step that raised after its closure's first call never reached take())
         closure = step_closure(args, kwargs)
         if closure is None:
+            # The loss is complete: the step has it before the Watch's pre-hook checks the gradients, so a step that
+            # stops there (a non-finite gradient) records the loss that made them.
+            loss = self.loss.take()
+            if loss is not None:
+                watch.log(loss=loss)
             return None
         # LBFGS evaluates its closure many times a step: the loss is what the first call (at the step's weights)
         # backpropagated, as the value step() returns.
@@ -547,7 +558,7 @@ class ScriptWatch:
         if self._steps_ended:
             self._longest_between = max(self._longest_between, self._others_since)
         self._others_since = 0
-        loss = self.loss.take()
+        loss = self.loss.take()  # a closure's first call's (the others were taken before the step)
         if loss is not None:
             watch.log(loss=loss)
         self._opened = None  # an optimizer step: its batches were training's
