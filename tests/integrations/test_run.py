@@ -379,6 +379,52 @@ def test_modules_that_one_backward_trains_each_with_its_optimizer_are_watched_as
     assert records(ledger_file(tmp_path / "gan-runs"), "run")[0]["model"] == "Sequential"
 
 
+ONE_OPTIMIZER_OVER_MODULES_APART = """
+import json, sys
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+encoder = nn.Sequential(nn.Linear(16, 8), nn.ReLU())  # an autoencoder's two halves, no module holding both
+decoder = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16))
+params = list(encoder.parameters()) + list(decoder.parameters())
+scale = torch.zeros((), requires_grad=True)  # a learnable scalar beside them, in no module (CLIP's logit scale)
+if sys.argv[2] == "temperature":
+    params.append(scale)
+opt = torch.optim.Adam(params, lr=1e-3)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(128, 16)), batch_size=32)
+norms = []
+for (xb,) in loader:
+    loss = nn.functional.mse_loss(decoder(encoder(xb)), xb) * scale.exp()
+    opt.zero_grad()
+    loss.backward()
+    norms.append(float(torch.sqrt(sum(p.grad.pow(2).sum() for p in params if p.grad is not None))))
+    opt.step()
+json.dump(norms, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("beside", ["nothing", "temperature"])
+def test_one_optimizer_over_modules_no_module_holds_is_watched_over_them_all(
+    socket_dir: Path, tmp_path: Path, beside: str
+):
+    # The decoder, the module holding the most of the optimizer's parameters, was the model: the encoder's were left
+    # out of the norms and of a checkpoint, without a word.
+    truth = tmp_path / "norms.json"
+    ledger = run_source(ONE_OPTIMIZER_OVER_MODULES_APART, tmp_path, socket_dir, str(truth), beside)
+    run_record = records(ledger, "run")[0]
+    assert run_record["model"] == "ModelOfParts"
+    scale = beside == "temperature"
+    assert run_record["params"] == 136 + 816 + scale
+    assert run_record["integration"]["model"] == (
+        f"ModelOfParts: Sequential, Sequential{', BareTensors' if scale else ''}, the modules that hold the "
+        "optimizer's parameters, which no module holds all of"
+    )
+    steps = records(ledger, "step")
+    assert [s["grad_norm"] for s in steps] == pytest.approx(json.loads(truth.read_text()), rel=1e-5)
+    assert [s["finite"]["forward"] for s in steps] == [None, True, True, True]  # (step 0 ran before the Watch)
+
+
 ONE_MODEL_AFTER_ANOTHER = """
 import sys
 import torch

@@ -240,6 +240,43 @@ def parts_of_the_same_backward(
     return parts
 
 
+def parts_of_one_optimizer(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, objects: list[Any]
+) -> list[torch.nn.Module]:
+    """The modules holding what ``model`` does not of ``optimizer``'s parameters, where no module holds them all
+    (one Adam over ``list(encoder.parameters()) + list(decoder.parameters())``, the encoder and the decoder apart):
+    each the outermost holding the most of the rest, apart from ``model``, from each other and from other
+    optimizers' parameters (none if one is not), and the tensors no module holds (a learnable scale beside the
+    model, CLIP's) as a :class:`BareTensors`."""
+    inside = {id(p) for p in model.parameters()}
+    rest = {id(p) for p in _params(optimizer)} - inside
+    if not rest:
+        return []
+    roots = _roots([o for o in objects if issubclass(type(o), torch.nn.Module)])
+    stepped = _stepped_by_others(optimizer, objects)
+    parts: list[torch.nn.Module] = []
+    while rest:
+        part, key = _most_of(roots, rest, stepped)
+        if part is None:
+            parts.append(BareTensors([p for p in _params(optimizer) if id(p) in rest]))
+            break
+        held = {id(p) for p in part.parameters()}
+        if key[1] or not held.isdisjoint(inside):
+            return []
+        inside |= held
+        rest -= held
+        parts.append(part)
+    return parts
+
+
+def in_the_optimizers_order(modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> list[torch.nn.Module]:
+    """``modules`` in the order of the first of ``optimizer``'s parameters each holds (the encoder, then the
+    decoder, as the loop listed them)."""
+    position = {id(p): i for i, p in enumerate(_params(optimizer))}
+    first = {id(m): min((position[id(p)] for p in m.parameters() if id(p) in position), default=0) for m in modules}
+    return sorted(modules, key=lambda m: first[id(m)])
+
+
 class ModelOfParts(torch.nn.Module):
     """Modules that one backward trains, each stepped by an optimizer of its own, and that no module holds (the
     translation tutorial's ``EncoderRNN`` and ``AttnDecoderRNN``): one model for the Watch. It has no forward, so
@@ -273,6 +310,17 @@ class BareTensors(torch.nn.Module):
         for i, t in enumerate(tensors):
             # register_parameter takes only a Parameter; the table takes any tensor (as torch.func's accessor does).
             self._parameters[str(i)] = t  # type: ignore[assignment]
+
+
+def _how_found(model: torch.nn.Module, parts: list[torch.nn.Module], held_apart: list[torch.nn.Module]) -> str:
+    """The run record's ``integration.model``: which module is the model, and why."""
+    if not parts and not held_apart:
+        return f"{type(model).__name__}: the outermost module holding the optimizer's parameters"
+    names = ", ".join(type(m).__name__ for m in model.children())
+    if parts:
+        return f"ModelOfParts: {names}, the modules one backward trains, each the outermost holding its optimizer's "
+        "parameters"
+    return f"ModelOfParts: {names}, the modules that hold the optimizer's parameters, which no module holds all of"
 
 
 def _built_on(optimizer: torch.optim.Optimizer, objects: list[Any]) -> tuple[Any, Any]:
@@ -493,10 +541,13 @@ class ScriptWatch:
         self._optimizer = weakref.ref(optimizer)
         others = other_optimizers(optimizer, objects)
         model = model_of_one_backward(optimizer, others, objects) or model
+        held_apart = [] if isinstance(model, BareTensors) else parts_of_one_optimizer(model, optimizer, objects)
+        if held_apart:  # one optimizer over modules no module holds: one model of them all
+            model = ModelOfParts(in_the_optimizers_order([model, *held_apart], optimizer))
         beside = [] if isinstance(model, BareTensors) else steps_beside(model, others)
         parts = [] if isinstance(model, BareTensors) else parts_of_the_same_backward(model, others, beside, objects)
         if parts:  # one loss over modules no module holds: watched together, every optimizer with the first
-            model = ModelOfParts([model, *parts])
+            model = ModelOfParts([*(model.children() if held_apart else [model]), *parts])
             beside = steps_beside(model, others)
         left_out = same_backward_elsewhere(model, others, beside)
         optimizers = [optimizer, *beside]
@@ -506,10 +557,7 @@ class ScriptWatch:
         del objects
         integration = {
             "by": "tuiwatch run",
-            "model": f"{type(model).__name__}: the outermost module holding the optimizer's parameters"
-            if not parts
-            else "ModelOfParts: " + ", ".join(type(m).__name__ for m in model.children()) + ", the modules one "
-            "backward trains, each the outermost holding its optimizer's parameters",
+            "model": _how_found(model, parts, held_apart),
             "loss": "the sum of the scalars backward() was called on between two optimizer steps, less those another "
             "optimizer stepped on (with step(closure): those of the closure's first call)",
             "not_seen": NOT_SEEN + ([left_out] if left_out else []),
