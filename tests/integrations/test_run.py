@@ -36,13 +36,20 @@ def watched(run_root: Path, socket_dir: Path, *args: str) -> subprocess.Complete
     return run([*TUIWATCH, "--run-dir", str(run_root), str(SCRIPT), *args], socket_dir)
 
 
+def run_written(
+    source: str, tmp_path: Path, socket_dir: Path, *args: str, options: tuple[str, ...] = (), runs: str = "runs"
+) -> subprocess.CompletedProcess[str]:
+    """``source`` written as a script and run under ``tuiwatch run`` with ``args``, its ledgers under ``runs``."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    return run([*TUIWATCH, "--run-dir", str(tmp_path / runs), *options, str(script), *args], socket_dir)
+
+
 def run_source(
     source: str, tmp_path: Path, socket_dir: Path, *args: str, options: tuple[str, ...] = (), runs: str = "runs"
 ) -> Path:
     """``source`` written as a script and run under ``tuiwatch run`` with ``args``; it must succeed: its ledger."""
-    script = tmp_path / "script.py"
-    script.write_text(source)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / runs), *options, str(script), *args], socket_dir)
+    done = run_written(source, tmp_path, socket_dir, *args, options=options, runs=runs)
     assert done.returncode == 0, done.stderr
     return ledger_file(tmp_path / runs)
 
@@ -537,9 +544,7 @@ for stage in range(3):
 @pytest.mark.parametrize("stages", ["decay", "unfreeze"])
 def test_a_new_optimizer_over_the_same_model_goes_on_the_same_run(socket_dir: Path, tmp_path: Path, stages: str):
     # Each stage's optimizer made its own run (three runs of 8 steps, each starting at step 0).
-    script = tmp_path / "script.py"
-    script.write_text(A_NEW_OPTIMIZER_EACH_STAGE)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), stages], socket_dir)
+    done = run_written(A_NEW_OPTIMIZER_EACH_STAGE, tmp_path, socket_dir, stages)
     assert done.returncode == 0, done.stderr
     steps = records(ledger_file(tmp_path / "runs"), "step")
     assert [s["opt_step"] for s in steps] == list(range(1, 25))
@@ -580,9 +585,7 @@ for i, (xb, yb) in enumerate(loader):
 def test_a_step_without_its_update_records_the_loss_it_backpropagated(socket_dir: Path, tmp_path: Path, case: str):
     # The step a non-finite gradient stopped before its update had no loss ("loss -" in the alert), and the script's
     # last micro-batches, backpropagated with no update after them, made a last step without one.
-    script = tmp_path / "script.py"
-    script.write_text(LOSS_WITHOUT_AN_UPDATE)
-    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script), case], socket_dir)
+    done = run_written(LOSS_WITHOUT_AN_UPDATE, tmp_path, socket_dir, case)
     printed = [float(v) for v in done.stdout.split()]
     ledger = ledger_file(tmp_path / "runs")
     steps = records(ledger, "step")

@@ -30,6 +30,18 @@ def train_batches(
     """``steps`` steps of a 2-input, 2-class model through ``watch.batches()``, on seeded batches of 4."""
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(4, 2, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(steps)]
+    train_on(watch, model, optimizer, batches, clip=clip)
+
+
+def train_on(
+    watch: Watch,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    clip: float | None = None,
+) -> None:
+    """A step of a classifier on each of ``batches``, through ``watch.batches()``, its loss logged."""
     for x, y in watch.batches(batches):
         loss = nn.functional.cross_entropy(model(x), y)
         watch.log(loss=loss)

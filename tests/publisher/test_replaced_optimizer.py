@@ -24,6 +24,7 @@ from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.watch import Watch
 
 from ..helpers import env_for, ledger_file, records
+from .loops import train_on
 
 X = torch.randn(128, 8, generator=torch.Generator().manual_seed(1))
 Y = X[:, :4].argmax(1)
@@ -41,12 +42,7 @@ def _steps(watch: Watch) -> list[Record]:
 
 
 def _train(watch: Watch, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    for x, y in watch.batches(BATCHES):
-        loss = nn.functional.cross_entropy(model(x), y)
-        watch.log(loss=loss)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    train_on(watch, model, optimizer, BATCHES)
 
 
 def test_a_new_optimizer_each_epoch_is_followed_with_its_lr_and_said_once(

@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
@@ -325,7 +324,7 @@ def _how_found(model: torch.nn.Module, parts: list[torch.nn.Module], held_apart:
 
 def _built_on(optimizer: torch.optim.Optimizer, objects: list[Any]) -> tuple[Any, Any]:
     """The LR scheduler of this optimizer and a GradScaler, if the script made them (None otherwise)."""
-    scheduler = next((o for o in objects if issubclass(type(o), LRScheduler) and o.optimizer is optimizer), None)
+    scheduler = replaced.scheduler_of(optimizer, objects)
     scaler = next((o for o in objects if issubclass(type(o), torch.amp.GradScaler)), None)
     return scheduler, scaler
 

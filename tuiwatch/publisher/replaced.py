@@ -98,7 +98,11 @@ def replaces(candidate: Any, watched: Any, model_params: list[torch.Tensor]) -> 
     return bool(mine) and mine <= theirs and theirs <= {id(p) for p in model_params}
 
 
-def scheduler_of(optimizer: Any) -> Any:
-    """The LR scheduler built on ``optimizer``, if the loop made one: one walk of the collector's objects (a few
-    ms, once an optimizer is replaced)."""
-    return next((o for o in gc.get_objects() if isinstance(o, LRScheduler) and o.optimizer is optimizer), None)
+def scheduler_of(optimizer: Any, objects: list[Any] | None = None) -> Any:
+    """The LR scheduler built on ``optimizer``, if the loop made one, among ``objects`` (by default one walk of the
+    collector's: a few ms, once an optimizer is replaced)."""
+    if objects is None:
+        objects = gc.get_objects()
+    # type(), not isinstance(): some module-level objects warn when their __class__ is read (torch.distributed's
+    # reduce_op).
+    return next((o for o in objects if issubclass(type(o), LRScheduler) and o.optimizer is optimizer), None)
