@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch import nn
 
+from tuiwatch.errors import TuiwatchError
 from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.watch import Watch
 
@@ -305,3 +306,43 @@ def test_a_step_that_raised_inside_the_watched_optimizer_does_not_stop_a_later_r
         _train(watch, model, optimizer)
         assert watch.optimizer is optimizer
     assert [s["lr"] for s in _steps(watch)][-4:] == [[0.05]] * 4
+
+
+def test_a_checkpoint_after_unfreezing_resumes_into_that_stages_optimizer_and_refuses_the_first(
+    run_root: Path, tmp_path: Path
+):
+    def stage(model: nn.Sequential, unfrozen: bool) -> torch.optim.Optimizer:
+        model[0].requires_grad_(unfrozen)
+        if not unfrozen:
+            return torch.optim.Adam(model[2].parameters(), lr=1e-3)
+        groups: list[dict[str, Any]] = [
+            {"params": model[0].parameters(), "lr": 1e-4},
+            {"params": model[2].parameters()},
+        ]
+        return torch.optim.Adam(groups)
+
+    model = _model()
+    optimizer = stage(model, False)
+    with Watch(model, optimizer, run_dir=run_root / "a", system=False, quiet=True) as watch:
+        _train(watch, model, optimizer)
+        optimizer = stage(model, True)
+        _train(watch, model, optimizer)
+        torch.save(watch.checkpoint_state(), tmp_path / "ckpt.pt")
+    weights = [p.detach().clone() for p in _model().parameters()]
+    fresh = _model()
+    # Torch's own "loaded state dict has a different number of parameter groups" came after the model was loaded.
+    options: dict[str, Any] = {"system": False, "quiet": True, "resume_from": tmp_path / "ckpt.pt"}
+    with pytest.raises(TuiwatchError) as refused:
+        Watch(fresh, stage(fresh, False), run_dir=run_root / "b", **options)
+    assert str(refused.value) == (
+        "the checkpoint's optimizer has param groups of [2, 2] parameters and the Watch's of [2]: build the optimizer "
+        "the run had when it wrote the checkpoint (a loop that replaced its optimizer, at a stage of unfreezing, had "
+        "another) and give it to Watch(..., resume_from=...)"
+    )
+    assert all(torch.equal(w, p) for w, p in zip(weights, fresh.parameters(), strict=True))  # nothing loaded
+    resumed = stage(fresh, True)
+    with Watch(fresh, resumed, run_dir=run_root / "c", **options):
+        assert all(torch.equal(w, p) for w, p in zip(model.parameters(), fresh.parameters(), strict=True))
+        saved, loaded = optimizer.state_dict()["state"], resumed.state_dict()["state"]
+        assert sorted(saved) == sorted(loaded) == list(range(4))
+        assert all(torch.equal(saved[i]["exp_avg"], loaded[i]["exp_avg"]) for i in saved)

@@ -161,6 +161,22 @@ def check_parts(ckpt: Checkpoint, parts: Trainables) -> None:
                 f"the checkpoint has {held} {name} state(s) and the Watch was given {given}: "
                 f"give Watch(..., {name}=...) the same {name}s, in the same order, as the run that wrote it"
             )
+    for optimizer, state in zip(_listed(parts.optimizer), _listed(ckpt.optimizer), strict=False):
+        saved_groups, given_groups = _group_sizes(state), _group_sizes(optimizer.state_dict())
+        if saved_groups is not None and given_groups is not None and saved_groups != given_groups:
+            raise TuiwatchError(
+                f"the checkpoint's optimizer has param groups of {saved_groups} parameters and the Watch's of "
+                f"{given_groups}: build the optimizer the run had when it wrote the checkpoint (a loop that replaced "
+                "its optimizer, at a stage of unfreezing, had another) and give it to Watch(..., resume_from=...)"
+            )
+
+
+def _group_sizes(state: Any) -> list[int] | None:
+    """How many parameters each param group of an optimizer's state dict holds (None where it is not torch's)."""
+    try:
+        return [len(group["params"]) for group in state["param_groups"]]
+    except (KeyError, TypeError):
+        return None
 
 
 def restore(ckpt: Checkpoint, parts: Trainables, tracker: StepTracker) -> Checkpoint:
