@@ -295,12 +295,32 @@ def test_a_target_network_synced_inside_the_model_is_not_taken_for_another_optim
     assert capsys.readouterr().err == ""
 
 
+class PlainSGD:
+    """An optimizer written by hand that is no torch.optim.Optimizer (a course's): param_groups and step()."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        self.lr = lr
+        self.params: list[torch.Tensor] = list(params)
+        self.param_groups = [{"params": self.params, "lr": lr}]
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for p in self.params:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-self.lr)
+
+
 @pytest.mark.parametrize(
     ("given", "message"),
     [
         ([], "tuiwatch.Watch got an empty list of optimizers: give the optimizers, or None"),
         ("same", "tuiwatch.Watch was given the same optimizer twice: give each optimizer once"),
         ("scheduler", "tuiwatch.Watch needs a torch.optim.Optimizer (or a list of them), got StepLR"),
+        (
+            "own",
+            "tuiwatch.Watch needs a torch.optim.Optimizer (or a list of them), got PlainSGD: an optimizer of your own "
+            "is watched as updates made by hand, Watch(model) without it",
+        ),
     ],
 )
 def test_a_bad_list_of_optimizers_is_refused_in_one_line(run_root: Path, given: object, message: str):
@@ -309,6 +329,8 @@ def test_a_bad_list_of_optimizers_is_refused_in_one_line(run_root: Path, given: 
         given = [adamw, adamw]
     elif given == "scheduler":
         given = [adamw, torch.optim.lr_scheduler.StepLR(adamw, 1)]
+    elif given == "own":
+        given = PlainSGD(model.parameters())
     with pytest.raises((TypeError, ValueError)) as refused:
         Watch(model, given, run_dir=run_root, system=False, quiet=True)  # type: ignore[arg-type]
     assert str(refused.value) == message

@@ -757,7 +757,10 @@ def _check_arguments(model: Any, optimizer: Any, *, on_nonfinite: str, stop: str
         raise ValueError("tuiwatch.Watch got an empty list of optimizers: give the optimizers, or None")
     for o in optimizers:
         if not isinstance(o, torch.optim.Optimizer):
-            raise TypeError(f"tuiwatch.Watch needs a torch.optim.Optimizer (or a list of them), got {type(o).__name__}")
+            line = f"tuiwatch.Watch needs a torch.optim.Optimizer (or a list of them), got {type(o).__name__}"
+            if hasattr(o, "param_groups") and callable(getattr(o, "step", None)):  # a course's, a paper's
+                line += ": an optimizer of your own is watched as updates made by hand, Watch(model) without it"
+            raise TypeError(line)
     if len({id(o) for o in optimizers}) < len(optimizers):
         raise ValueError("tuiwatch.Watch was given the same optimizer twice: give each optimizer once")
     if on_nonfinite not in ON_NONFINITE:
