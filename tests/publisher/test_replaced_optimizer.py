@@ -346,3 +346,19 @@ def test_a_checkpoint_after_unfreezing_resumes_into_that_stages_optimizer_and_re
         saved, loaded = optimizer.state_dict()["state"], resumed.state_dict()["state"]
         assert sorted(saved) == sorted(loaded) == list(range(4))
         assert all(torch.equal(saved[i]["exp_avg"], loaded[i]["exp_avg"]) for i in saved)
+
+
+def test_a_failure_while_following_never_fails_the_loops_step(run_root: Path, monkeypatch: pytest.MonkeyPatch):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+
+        def broken(new: Any) -> Any:
+            raise RuntimeError("a bug of tuiwatch's")
+
+        monkeypatch.setattr(watch._hooks, "replace_optimizer", broken)
+        new = torch.optim.SGD(model.parameters(), lr=0.05)
+        before = [p.detach().clone() for p in model.parameters()]
+        _train(watch, model, new)  # raised out of new.step() before
+        assert watch.optimizer is optimizer
+    assert not any(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))  # the loop trained

@@ -76,7 +76,12 @@ def _an_optimizer_steps(optimizer: Any, args: Any, kwargs: Any) -> None:
     for ref in _told:
         hooks = ref()
         if hooks is not None:
-            hooks.an_optimizer_steps(optimizer)
+            # Never the loop's optimizer.step() failing: a replacement not followed. (A try, free in the usual
+            # case, where contextlib.suppress enters and leaves a context at every optimizer step.)
+            try:  # noqa: SIM105
+                hooks.an_optimizer_steps(optimizer)
+            except Exception:  # noqa: S110
+                pass
 
 
 def _held(optimizer: Any) -> set[int]:
