@@ -508,7 +508,10 @@ class ScriptWatch:
     def _follows(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether the run's Watch takes ``optimizer`` for one that replaced its own (and now watches it)."""
         watch = self.watch
-        return watch is not None and not self._beside and watch.follow(optimizer)
+        try:
+            return watch is not None and not self._beside and watch.follow(optimizer)
+        except Exception:  # never the script's optimizer.step() failing: taken for another optimizer, as before
+            return False
 
     def _start(self, optimizer: torch.optim.Optimizer) -> None:
         if os.getpid() != self._pid:
