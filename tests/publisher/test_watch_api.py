@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -287,6 +288,36 @@ def test_an_integrations_boundaries_timed_waits_and_late_gradients(run_root: Pat
     assert step["data_wait_s"] == pytest.approx(0.75)
     assert step["opt_step"] == 1
     assert step["grad_norm"] == pytest.approx(grads_at[0], rel=1e-6)
+
+
+class WarmSGD(torch.optim.SGD):
+    """An SGD of one's own that does something and calls its parent's step(), as subclasses do."""
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        for group in self.param_groups:
+            group["lr"] = min(group["lr"] * 2, 0.1)  # a warm-up of its own
+        return super().step(closure)
+
+
+def test_a_subclass_whose_step_calls_its_parents_is_one_update_a_step(
+    run_root: Path, capsys: pytest.CaptureFixture[str]
+):
+    # Once a plain SGD has been made, torch wraps SGD.step with the step hooks too, so they ran again inside the
+    # subclass's step(): every step counted two optimizer steps, and its norms were read twice.
+    torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)
+    model, _ = _mlp()
+    optimizer = WarmSGD(model.parameters(), lr=0.0125)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for x, y in watch.batches(_data(4)):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    steps = [r for r in _ledger(watch) if r["kind"] == "step"]
+    assert [s["opt_step"] for s in steps] == [1, 2, 3, 4]
+    assert [s["lr"] for s in steps] == [[0.025], [0.05], [0.1], [0.1]]
+    assert capsys.readouterr().err == ""
 
 
 class LogOfInput(nn.Module):

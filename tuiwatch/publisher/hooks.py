@@ -245,6 +245,7 @@ class ModelHooks:
         self.tracker = tracker
         self.failures = failures
         self.name = name  # the run's, for the one line on stderr about parameters another optimizer moves
+        self._said_twice = False  # the one line about an optimizer that steps twice in a step
         self.model = model
         self.optimizers = optimizers
         self.optimizer = optimizers[0] if optimizers else None  # the usual one, asked at every step without a list
@@ -255,6 +256,9 @@ class ModelHooks:
         # meanwhile is one it steps inside (Lookahead's), never one that replaces it (replaced.py). A step that
         # raised there (an OOM the loop caught) leaves it set, until another step opens.
         self.stepping_in: StepState | None = None
+        # How deep in it: torch runs an optimizer's step hooks again inside a subclass's step() that calls its
+        # parent's (both are wrapped once a parent instance has been made), so one update went by as two.
+        self._depth = 0
         # Told of an optimizer stepping that is not the watched one (the Watch sets it before attach(): replaced.py)
         self.on_other_optimizer: Callable[[Any], Any] | None = None
         # Several optimizers: each one's gradients as the step's check saw them, and that step (_check_newer).
@@ -492,7 +496,11 @@ class ModelHooks:
         tracker = self.tracker
         if tracker.off:
             return None
-        s = self.stepping_in = tracker.cur or tracker.current()
+        s = tracker.cur or tracker.current()
+        if self.stepping_in is s and self._depth:
+            self._depth += 1  # the parent's step() inside a subclass's: the same update
+            return None
+        self.stepping_in, self._depth = s, 1
         s.opt_start = time.perf_counter()
         if s.device_start is not None:
             s.opt_start_mark = device_mark()
@@ -565,7 +573,10 @@ class ModelHooks:
                 self.failures.nonfinite_gradients(s, params)
 
     def after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.stepping_in = None
+        if self._depth > 1:
+            self._depth -= 1  # the parent's step() inside a subclass's returned: the update goes on
+            return
+        self.stepping_in, self._depth = None, 0
         tracker = self.tracker
         s = tracker.cur
         if tracker.off or s is None:
@@ -573,6 +584,8 @@ class ModelHooks:
         _stepped(s, optimizer.param_groups)
         if s.opt_skipped:
             return
+        if s.opt_step is not None and not self._said_twice:
+            self._stepped_twice(s)
         tracker.updated(s)
         if not s.measured:
             return
@@ -582,6 +595,18 @@ class ModelHooks:
         if before is not None:
             self._before_update = None
             s.update_norm = defer_tensor(self._update_norm(before))
+
+    def _stepped_twice(self, s: StepState) -> None:
+        """The optimizer stepped again in the step it had stepped in (a loop that updates on each half of its batch;
+        PPO's epochs of minibatches in a step marked per rollout): said once, as its fields mix the updates."""
+        self._said_twice = True
+        print(
+            f"tuiwatch: {self.name}: the optimizer stepped twice in step {s.step}: a step's gradient and update norms "
+            "are its first update's, its loss the last one logged; give each update a step of its own "
+            "(watch.step() before it)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def before_any_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """Several optimizers: the step's first one measures the gradients, checks them and takes the snapshot, for
