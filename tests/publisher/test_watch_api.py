@@ -320,6 +320,29 @@ def test_a_subclass_whose_step_calls_its_parents_is_one_update_a_step(
     assert capsys.readouterr().err == ""
 
 
+def test_an_optimizer_stepping_twice_in_a_step_is_said_once(run_root: Path, capsys: pytest.CaptureFixture[str]):
+    model, optimizer = _mlp()
+    norms, losses = [], []
+    with Watch(model, optimizer, name="halves", run_dir=run_root, system=False, quiet=True) as watch:
+        for x, y in watch.batches(_data(3)):
+            for half in (slice(0, 2), slice(2, 4)):  # an update on each half of the batch
+                loss = nn.functional.cross_entropy(model(x[half]), y[half])
+                watch.log(loss=loss)
+                losses.append(loss.item())
+                optimizer.zero_grad()
+                loss.backward()
+                norms.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]).norm())
+                optimizer.step()
+    steps = [r for r in _ledger(watch) if r["kind"] == "step"]
+    assert [s["opt_step"] for s in steps] == [2, 4, 6]
+    assert [s["grad_norm"] for s in steps] == pytest.approx([float(n) for n in norms[::2]], rel=1e-6)
+    assert [s["loss"] for s in steps] == pytest.approx(losses[1::2])
+    assert capsys.readouterr().err.splitlines() == [
+        "tuiwatch: halves: the optimizer stepped twice in step 0: a step's gradient and update norms are its first "
+        "update's, its loss the last one logged; give each update a step of its own (watch.step() before it)"
+    ]
+
+
 class LogOfInput(nn.Module):
     """A model whose output is NaN for an input row below zero: a finite batch, a non-finite forward."""
 
