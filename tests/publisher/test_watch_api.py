@@ -338,8 +338,8 @@ def test_an_optimizer_stepping_twice_in_a_step_is_said_once(run_root: Path, caps
     assert [s["grad_norm"] for s in steps] == pytest.approx([float(n) for n in norms[::2]], rel=1e-6)
     assert [s["loss"] for s in steps] == pytest.approx(losses[1::2])
     assert capsys.readouterr().err.splitlines() == [
-        "tuiwatch: halves: the optimizer stepped twice in step 0: a step's gradient and update norms are its first "
-        "update's, its loss the last one logged; give each update a step of its own (watch.step() before it)"
+        "tuiwatch: halves: the optimizer stepped more than once in step 0: a step's gradient and update norms are "
+        "its first update's, its loss the last one logged; give each update a step of its own (watch.step() before it)"
     ]
 
 

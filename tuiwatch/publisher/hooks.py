@@ -601,8 +601,8 @@ class ModelHooks:
         PPO's epochs of minibatches in a step marked per rollout): said once, as its fields mix the updates."""
         self._said_twice = True
         print(
-            f"tuiwatch: {self.name}: the optimizer stepped twice in step {s.step}: a step's gradient and update norms "
-            "are its first update's, its loss the last one logged; give each update a step of its own "
+            f"tuiwatch: {self.name}: the optimizer stepped more than once in step {s.step}: a step's gradient and "
+            "update norms are its first update's, its loss the last one logged; give each update a step of its own "
             "(watch.step() before it)",
             file=sys.stderr,
             flush=True,
