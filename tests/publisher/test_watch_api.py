@@ -24,6 +24,7 @@ from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.watch import Watch
 
 from ..helpers import LOADED_MACHINE_S, env_for, records
+from .loops import train_on
 
 
 def _mlp() -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -308,12 +309,7 @@ def test_a_subclass_whose_step_calls_its_parents_is_one_update_a_step(
     model, _ = _mlp()
     optimizer = WarmSGD(model.parameters(), lr=0.0125)
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
-        for x, y in watch.batches(_data(4)):
-            loss = nn.functional.cross_entropy(model(x), y)
-            watch.log(loss=loss)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        train_on(watch, model, optimizer, _data(4))
     steps = [r for r in _ledger(watch) if r["kind"] == "step"]
     assert [s["opt_step"] for s in steps] == [1, 2, 3, 4]
     assert [s["lr"] for s in steps] == [[0.025], [0.05], [0.1], [0.1]]

@@ -66,7 +66,7 @@ from tuiwatch.publisher.closures import after_first_call, step_closure, with_clo
 from tuiwatch.publisher.compiling import uncompiled
 from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
 from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
-from tuiwatch.publisher.optimizers import inner_optimizer
+from tuiwatch.publisher.optimizers import inner_optimizer, params_of
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch
 
@@ -101,7 +101,7 @@ def find_model(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn
     optimizer's and none of theirs: the norms are of the parameters this optimizer steps, not of the actor's
     gradients left from its last step.
     """
-    wanted = {id(p) for p in _params(optimizer)}
+    wanted = {id(p) for p in params_of(optimizer)}
     stepped = _stepped_by_others(optimizer, objects) - wanted
     # type(), not isinstance(): some module-level objects warn when their __class__ is read.
     modules = [o for o in objects if issubclass(type(o), torch.nn.Module)]
@@ -111,7 +111,7 @@ def find_model(optimizer: torch.optim.Optimizer, objects: list[Any]) -> torch.nn
         if inner is not None and inner_key[:2] == (key[0], 0):
             found = inner
     if found is None:  # bare tensors: a module over them, for the norms and the checkpoint
-        found = BareTensors(_params(optimizer))
+        found = BareTensors(params_of(optimizer))
     return found
 
 
@@ -147,13 +147,9 @@ def other_optimizers(optimizer: torch.optim.Optimizer, objects: list[Any]) -> li
     return list(found.values())
 
 
-def _params(optimizer: Any) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]
-
-
 def _stepped_by_others(optimizer: torch.optim.Optimizer, objects: list[Any]) -> set[int]:
     """The ids of the parameters the optimizers alive other than ``optimizer`` hold."""
-    return {id(p) for o in other_optimizers(optimizer, objects) for p in _params(o)}
+    return {id(p) for o in other_optimizers(optimizer, objects) for p in params_of(o)}
 
 
 def model_of_one_backward(
@@ -167,8 +163,8 @@ def model_of_one_backward(
     Muon's parameters and none of AdamW's). A GAN's generator, an actor beside its critic, get theirs from a
     backward of their own, after this first step: they are not in it.
     """
-    wanted = {id(p) for p in _params(optimizer)}
-    filled = [params for params in map(_params, others) if any(p.grad is not None for p in params)]
+    wanted = {id(p) for p in params_of(optimizer)}
+    filled = [params for params in map(params_of, others) if any(p.grad is not None for p in params)]
     if not filled:
         return None
     wanted.update(id(p) for params in filled for p in params)
@@ -184,7 +180,7 @@ def steps_beside(model: torch.nn.Module, others: list[Any]) -> list[Any]:
     position = {id(p): i for i, p in enumerate(model.parameters())}
     found: list[tuple[int, Any]] = []
     for o in others:
-        params = [id(p) for p in _params(o)]
+        params = [id(p) for p in params_of(o)]
         if params and all(p in position for p in params):
             found.append((min(position[p] for p in params), o))
     return [o for _, o in sorted(found, key=lambda item: item[0])]
@@ -201,7 +197,7 @@ def same_backward_elsewhere(model: torch.nn.Module, others: list[Any], beside: l
     filled = _filled_outside(others, beside, inside)
     if not filled:
         return None
-    count = sum(p.numel() for o in filled for p in _params(o) if id(p) not in inside)
+    count = sum(p.numel() for o in filled for p in params_of(o) if id(p) not in inside)
     names = ", ".join(type(o).__name__ for o in filled)
     return (
         f"the same backward filled the gradients of {count:,} parameters outside {type(model).__name__} that "
@@ -214,7 +210,7 @@ def same_backward_elsewhere(model: torch.nn.Module, others: list[Any], beside: l
 def _filled_outside(others: list[Any], beside: list[Any], inside: set[int]) -> list[Any]:
     """The optimizers among ``others`` (not ``beside``) holding a gradient of a parameter not in ``inside``."""
     return [
-        o for o in others if o not in beside and any(p.grad is not None and id(p) not in inside for p in _params(o))
+        o for o in others if o not in beside and any(p.grad is not None and id(p) not in inside for p in params_of(o))
     ]
 
 
@@ -248,7 +244,7 @@ def parts_of_one_optimizer(
     optimizers' parameters (none if one is not), and the tensors no module holds (a learnable scale beside the
     model, CLIP's) as a :class:`BareTensors`."""
     inside = {id(p) for p in model.parameters()}
-    rest = {id(p) for p in _params(optimizer)} - inside
+    rest = {id(p) for p in params_of(optimizer)} - inside
     if not rest:
         return []
     roots = _roots([o for o in objects if issubclass(type(o), torch.nn.Module)])
@@ -257,7 +253,7 @@ def parts_of_one_optimizer(
     while rest:
         part, key = _most_of(roots, rest, stepped)
         if part is None:
-            parts.append(BareTensors([p for p in _params(optimizer) if id(p) in rest]))
+            parts.append(BareTensors([p for p in params_of(optimizer) if id(p) in rest]))
             break
         held = {id(p) for p in part.parameters()}
         if key[1] or not held.isdisjoint(inside):
@@ -271,7 +267,7 @@ def parts_of_one_optimizer(
 def in_the_optimizers_order(modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> list[torch.nn.Module]:
     """``modules`` in the order of the first of ``optimizer``'s parameters each holds (the encoder, then the
     decoder, as the loop listed them)."""
-    position = {id(p): i for i, p in enumerate(_params(optimizer))}
+    position = {id(p): i for i, p in enumerate(params_of(optimizer))}
     first = {id(m): min((position[id(p)] for p in m.parameters() if id(p) in position), default=0) for m in modules}
     return sorted(modules, key=lambda m: first[id(m)])
 

@@ -43,3 +43,8 @@ def optimizer_name(optimizer: Any) -> str:
     inner = inner_optimizer(optimizer)
     name = type(inner).__name__
     return name if inner is optimizer else f"{name} in {type(optimizer).__name__}"
+
+
+def params_of(optimizer: Any) -> list[torch.Tensor]:
+    """The tensors an optimizer steps, every param group's, in order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]

@@ -32,6 +32,8 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from tuiwatch.publisher.optimizers import params_of
+
 # The ModelHooks told of every optimizer's step. A tuple replaced whole, never changed: torch iterates its global
 # hooks' dict while they run, and a Watch starts (tuiwatch run's, at a new optimizer's first step) or is collected
 # (a gc.collect() there, any allocation's collection) inside that iteration: a hook registered or removed then
@@ -84,10 +86,6 @@ def _an_optimizer_steps(optimizer: Any, args: Any, kwargs: Any) -> None:
                 pass
 
 
-def _held(optimizer: Any) -> set[int]:
-    return {id(p) for group in optimizer.param_groups for p in group["params"]}
-
-
 def held_by(watched: Any, candidate: Any) -> bool:
     """Whether ``candidate`` is an attribute of the watched optimizer: the optimizer it steps (SAM's
     ``base_optimizer``), not one that replaces it."""
@@ -99,7 +97,7 @@ def replaces(candidate: Any, watched: Any, model_params: list[torch.Tensor]) -> 
     holds and only parameters of the model."""
     if not isinstance(candidate, torch.optim.Optimizer):
         return False
-    mine, theirs = _held(watched), _held(candidate)
+    mine, theirs = {id(p) for p in params_of(watched)}, {id(p) for p in params_of(candidate)}
     return bool(mine) and mine <= theirs and theirs <= {id(p) for p in model_params}
 
 

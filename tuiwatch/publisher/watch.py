@@ -197,10 +197,10 @@ class Watch:
             late_gradients=late_gradients,
             name=self.name,
         )
-        self._replaced = 0  # optimizers that replaced the one the Watch was given, one after another
+        self._said_replaced = False  # the one line about an optimizer that replaced the Watch's
         self._not_replacing: weakref.WeakSet[Any] = weakref.WeakSet()  # optimizers seen stepping that replace none
         if len(self._hooks.optimizers) == 1 and not late_gradients:  # (Lightning's own optimizers are its affair)
-            self._hooks.on_other_optimizer = weakly(self._an_optimizer_steps, _no_replacement)
+            self._hooks.on_other_optimizer = weakly(self.follow, _no_replacement)
         self._hooks.attach()
         if integration is None:  # (an integration marks its steps itself, from its framework's events)
             tracker.on_first_update = weakly(self._unmarked_loop, _nothing)
@@ -639,10 +639,6 @@ class Watch:
 
     # --- an optimizer that replaces the Watch's (replaced.py) ----------------------------
 
-    def _an_optimizer_steps(self, optimizer: Any) -> None:
-        if optimizer not in self._not_replacing and not self._hooks.is_watched(optimizer):
-            self.follow(optimizer)
-
     def follow(self, optimizer: Any) -> bool:
         """Whether ``optimizer``, stepping now, is the Watch's: the one it was given, or one that replaced it (a new
         one over the same model, replaced.py), whose hooks measure this step on. Called at its step's start, before
@@ -672,14 +668,14 @@ class Watch:
         scheduler = self._parts.scheduler
         if scheduler is not None and getattr(scheduler, "optimizer", None) is old:
             self.scheduler = self._parts.scheduler = scheduler_of(optimizer)  # the new one's, or none
-        if not self._replaced:  # once: a loop that builds one an epoch would say it at every epoch
+        if not self._said_replaced:  # once: a loop that builds one an epoch would say it at every epoch
+            self._said_replaced = True
             s = tracker.cur
             self._say(
                 f"the loop replaced its optimizer at step {s.step if s is not None else tracker.step}: a new "
                 f"{type(optimizer).__name__} over the model's parameters, whose lr, norms and updates are read from "
                 "there on (and those of any later one that replaces it)"
             )
-        self._replaced += 1
         return True
 
     def _say(self, line: str) -> None:
@@ -707,8 +703,8 @@ def _nothing() -> None:
     return None  # the first update of a Watch collected meanwhile
 
 
-def _no_replacement(optimizer: Any) -> None:
-    return None  # an optimizer stepping after the Watch was collected
+def _no_replacement(optimizer: Any) -> bool:
+    return False  # an optimizer stepping after the Watch was collected
 
 
 def _no_dump(found: Any, records: Any) -> None:
