@@ -385,6 +385,21 @@ def test_attention_mask_gives_the_token_count(run_root: Path, socket_dir: Path):
     assert step["batch_shape"] == {"input_ids": [2, 3], "attention_mask": [2, 3]}
 
 
+def test_token_ids_are_counted_and_uint8_images_and_masks_are_not(run_root: Path, socket_dir: Path):
+    # timm's loader collates its images as uint8 (N, 3, H, W): they were counted as 768 "tokens" a batch.
+    model = nn.Linear(1, 1)
+    batches = [
+        (torch.randint(0, 9, (2, 5)), torch.zeros(2)),  # a language model's (batch, time) ids
+        (torch.randint(0, 255, (2, 3, 4, 4), dtype=torch.uint8), torch.zeros(2)),
+        (torch.ones(2, 5, dtype=torch.bool), torch.zeros(2)),
+        (torch.randint(0, 9, (2, 5), dtype=torch.int32), torch.zeros(2)),
+    ]
+    with Watch(model, None, run_dir=run_root, system=False) as watch:
+        for _ in watch.batches(batches):
+            watch.log(loss=model(torch.ones(1)).sum())
+    assert [r["tokens"] for r in _ledger(watch) if r["kind"] == "step"] == [10, None, None, 10]
+
+
 def test_an_error_in_the_publisher_thread_degrades_but_never_reaches_training(
     run_root: Path, socket_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):

@@ -13,6 +13,12 @@ from tuiwatch.publisher.late_probes import HELD_BYTES, LateProbes
 from tuiwatch.publisher.nested import fields_of
 
 _WIDE_FLOATS = (torch.float32, torch.float64)
+# What a batch's first tensor is when it holds token ids: integers, but not uint8 (images) or bool (masks).
+_TOKEN_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in ("int8", "int16", "int32", "int64", "uint16", "uint32", "uint64")
+    if hasattr(torch, name)
+)
 # Up to this many tensors, adding per-tensor norms in Python beats stack + norm on the CPU.
 _PYTHON_SUM_MAX = 32
 
@@ -246,13 +252,9 @@ class BatchInfo:
             mask = batch.get("attention_mask") if mapping else None
             if isinstance(mask, torch.Tensor):
                 self.tokens = defer(mask.sum())
-            elif (
-                len(shape) >= 2
-                and first_dtype is not None
-                and not first_dtype.is_floating_point
-                and not first_dtype.is_complex
-            ):
+            elif len(shape) >= 2 and first_dtype in _TOKEN_DTYPES:
                 # Token ids first ((batch, time) integers, as a language model's batch starts): no mask, no padding.
+                # Not bytes: timm's loader collates images as uint8 (N, 3, H, W), which are no tokens.
                 self.tokens = math.prod(shape)
         except Exception:  # a layout the usual path cannot read: never the training's failure
             self._read_tolerantly(batch)
