@@ -1024,13 +1024,29 @@ class OneAhead:  # Accelerate's DataLoaderShard, as it iterates: one batch ahead
                     yield current_batch
                 break
 
+class PrefetchLoader:  # timm's (timm/data/loader.py), as it iterates on the CPU: the next batch normalised first
+    def __init__(self, loader, skip_batches=0):
+        self.loader = loader
+    def __iter__(self):
+        first = True
+        for next_input, next_target in self.loader:
+            next_input = next_input.to(torch.float32).sub_(1.0).div_(1.0)
+            if not first:
+                yield input, target
+            else:
+                first = False
+            input = next_input
+            target = next_target
+        yield input, target
+
+adapter = {"accelerate": OneAhead, "timm": PrefetchLoader}[sys.argv[2]]
 torch.manual_seed(0)
 model = torch.nn.Linear(3, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 seen = []
-for epoch, skip in enumerate((0, 2)):  # the second pass resumes mid-epoch: its first two batches are skipped
-    for x, y in OneAhead(DataLoader(Indexed(), batch_size=4, shuffle=True), skip_batches=skip):
-        seen.append(x[:, 0].long().tolist())
+for epoch, skip in enumerate((0, 2) if adapter is OneAhead else (0, 0)):  # resuming mid-epoch skips two batches
+    for x, y in adapter(DataLoader(Indexed(), batch_size=4, shuffle=True), skip_batches=skip):
+        seen.append((x[:, 0] + (adapter is PrefetchLoader)).long().tolist())
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -1038,15 +1054,20 @@ json.dump(seen, open(sys.argv[1], "w"))
 """
 
 
+@pytest.mark.parametrize("adapter", ["accelerate", "timm"])
 def test_an_adapter_that_draws_one_batch_ahead_gives_each_step_the_batch_it_trained_on(
-    socket_dir: Path, tmp_path: Path
+    socket_dir: Path, tmp_path: Path, adapter: str
 ):
+    # timm's train.py iterates a PrefetchLoader by default: each step had the ids of the batch after its own, an
+    # epoch's last step no batch but the iteration's end, and the next epoch's first step three batches.
     truth = tmp_path / "seen.json"
-    steps = records(run_source(ONE_AHEAD, tmp_path, socket_dir, str(truth)), "step")
+    steps = records(run_source(ONE_AHEAD, tmp_path, socket_dir, str(truth), adapter), "step")
     seen = json.loads(truth.read_text())
-    assert len(seen) == 10 + 8  # 40 samples in 4s, then the same less the two skipped
+    resumed = 8 if adapter == "accelerate" else 10  # Accelerate's second pass resumes mid-epoch: two batches skipped
+    assert len(seen) == 10 + resumed  # 40 samples in 4s
     assert [s["batch_ids"] for s in steps[1:]] == seen[1:]  # (step 0's batch came before the Watch)
-    assert [s["epoch"] for s in steps[1:]] == [0] * 9 + [1] * 8
+    assert [s["epoch"] for s in steps[1:]] == [0] * 9 + [1] * resumed
+    assert all("micro_batches" not in s for s in steps)
 
 
 EVALUATES_ON_ITS_TRAINING_SET = """
@@ -1307,6 +1328,43 @@ def test_a_lightning_script_that_clips_by_value_records_the_norm_before_the_clip
     assert len(steps) == len(norms) == 5
     assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-5)
     assert min(norms) > 1  # each clipped to 0.05 an element, 0.05·√227 ≈ 0.75 at most after
+
+
+CLIPS_IMPORTED_BY_NAME = """
+import json, sys
+import torch
+from torch.nn.utils import clip_grad_norm_, clip_grad_value_  # bound before any Watch exists
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = torch.utils.data.TensorDataset(torch.randn(48, 8) * 50, torch.randint(0, 2, (48,)))
+norms = []
+for x, y in torch.utils.data.DataLoader(data, batch_size=8):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])))
+    if sys.argv[2] == "norm":
+        clip_grad_norm_(model.parameters(), 0.5)
+    else:
+        clip_grad_value_(model.parameters(), 0.01)
+    opt.step()
+    opt.zero_grad()
+json.dump(norms, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("clip", ["norm", "value"])
+def test_a_script_that_imported_the_clip_by_name_records_every_norm_before_the_clip(
+    run_root: Path, socket_dir: Path, tmp_path: Path, clip: str
+):
+    # The clip wrappers came with the Watch, after the script had bound torch's own function: every step's norm
+    # was the clipped one (0.5, flat: grad-explosion could never fire). Step 0's was too whatever the import, as
+    # tuiwatch run makes its Watch inside the first optimizer step, after the script clipped.
+    steps, norms = steps_and_seen(CLIPS_IMPORTED_BY_NAME, run_root, socket_dir, tmp_path, clip)
+    assert len(steps) == len(norms) == 6
+    assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-5)
+    assert min(norms) > 5
+    assert [s["grad_norm_clipped"] for s in steps] == ([True] * 6 if clip == "norm" else [None] * 6)
 
 
 SCRIPTED_AT_THE_END = """

@@ -92,17 +92,34 @@ def _recordable(loader: Any) -> bool:
 def adapted(loader: Any) -> Any:
     """The loader an adapter hands on batch for batch, in order, or None: Accelerate's prepared loader
     (``DataLoaderShard``, ``base_dataloader``), Lightning Fabric's (``_FabricDataLoader``, which only moves each
-    batch to the device), a tqdm progress bar over it (``watch.batches(tqdm(loader))``). Known classes only: ids
-    paired with the wrong batches are worse than none."""
+    batch to the device), timm's ``PrefetchLoader`` (which also normalises each batch), a tqdm progress bar over
+    it (``watch.batches(tqdm(loader))``). Known classes only: ids paired with the wrong batches are worse than
+    none."""
     base = getattr(loader, "base_dataloader", None)
     if base is not None:
         return base
     kind = type(loader)
     if kind.__name__ == "_FabricDataLoader":
         return getattr(loader, "_dataloader", None)
-    if any(c.__module__ == "tqdm.std" and c.__name__ == "tqdm" for c in kind.__mro__):  # tqdm.auto's too
+    if kind.__name__ == "PrefetchLoader":  # timm's, and the copies of it other repositories carry
+        return getattr(loader, "loader", None)
+    if _is_tqdm(loader):
         return getattr(loader, "iterable", None)
     return None
+
+
+def draws_one_ahead(adapter: Any, loader: Any) -> bool:
+    """Whether ``adapter`` hands the loop ``loader``'s batches one behind its drawing: Accelerate's prepared loader
+    draws the next batch to know whether this one is the last, and timm's ``PrefetchLoader`` moves the next one to
+    the device while the loop trains on this one. Each batch is the loop's when the next is drawn, and the last
+    when the drawing ends."""
+    if getattr(adapter, "base_dataloader", None) is loader:
+        return True
+    return type(adapter).__name__ == "PrefetchLoader" and getattr(adapter, "loader", None) is loader
+
+
+def _is_tqdm(loader: Any) -> bool:
+    return any(c.__module__ == "tqdm.std" and c.__name__ == "tqdm" for c in type(loader).__mro__)  # tqdm.auto's too
 
 
 def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
