@@ -8,6 +8,8 @@ pre-hook.
 
 from __future__ import annotations
 
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,47 @@ def test_a_reference_kept_past_the_watch_and_a_wrapper_over_ours_still_clip(run_
     with tuiwatch.Watch(model, run_dir=run_root, system=False, quiet=True):  # theirs gone: wrapped again
         assert torch.nn.utils.clip_grad_norm_ is not ORIGINAL
     assert torch.nn.utils.clip_grad_norm_ is ORIGINAL
+
+
+ENGINE = """
+from torch.nn.utils import clip_grad_norm_, clip_grad_value_  # bound before any Watch exists
+import torch.nn.utils
+kept = torch.nn.utils.clip_grad_norm_  # a reference under another name: left as it is
+
+def train(watch, model, opt, batches, returned):
+    for x in watch.batches(batches):
+        model(x).pow(2).mean().backward()
+        returned.append(float(clip_grad_norm_(model.parameters(), 1.0)))
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_loop_that_imported_the_clip_by_name_before_its_watch_records_the_norm_before_it(
+    run_root: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # The loop in a module of its own (an engine.py) that bound torch's function before the Watch put its wrapper
+    # on torch.nn.utils: every step recorded the norm after clipping, 1.0 flat.
+    engine = types.ModuleType("engine_of_the_loop")
+    monkeypatch.setitem(sys.modules, engine.__name__, engine)
+    exec(ENGINE, engine.__dict__)  # noqa: S102 - a module of the loop's, as an import would make it
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    returned: list[float] = []
+    with tuiwatch.Watch(model, opt, run_dir=run_root, system=False, quiet=True) as watch:
+        engine.train(watch, model, opt, [torch.randn(8, 4) * 50 for _ in range(3)], returned)
+    steps = steps_of(watch)
+    assert min(returned) > 10
+    assert [s["grad_norm"] for s in steps] == returned
+    assert [s["grad_norm_clipped"] for s in steps] == [True] * 3
+    assert engine.kept is ORIGINAL
+    assert torch.nn.utils.clip_grad_norm_ is ORIGINAL  # torch's own is back; the loop's name keeps the wrapper
+    assert engine.clip_grad_norm_ is not ORIGINAL
+    assert engine.clip_grad_value_ is not ORIGINAL_VALUE
+    model(torch.ones(1, 4)).sum().backward()
+    norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
+    assert float(engine.clip_grad_norm_(model.parameters(), 1.0)) == norm  # torch's answer, no Watch open
 
 
 def test_a_clip_by_value_leaves_the_step_the_norm_from_before_it(run_root: Path):

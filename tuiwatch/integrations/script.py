@@ -62,10 +62,11 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from tuiwatch.errors import NonFiniteError, StopRequested
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.publisher import pickling, process, replaced
+from tuiwatch.publisher.clipping import ClipBeforeTheWatch, unwatch_clipping, watch_clipping
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.compiling import uncompiled
 from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
-from tuiwatch.publisher.loader import IndexRecorder, iter_with_ids
+from tuiwatch.publisher.loader import IndexRecorder, draws_one_ahead, iter_with_ids
 from tuiwatch.publisher.optimizers import inner_optimizer, params_of
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch
@@ -377,6 +378,7 @@ class ScriptWatch:
         self._held_hooks: list[tuple[Any, type]] = []  # (handle, the module class whose copies leave it out)
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
         self._passed: set[int] = set()  # optimizers over bare tensors left for one over a module's parameters
+        self._clip = ClipBeforeTheWatch(lambda: self.watch is None)  # step 0's clip: it comes before its Watch
         self._undo: list[Callable[[], None]] = []
         self._new_run()
 
@@ -415,6 +417,10 @@ class ScriptWatch:
         self._undo.append(register_optimizer_step_post_hook(uncompiled(self._after_step)).remove)
         self.loss.install()
         self._undo.append(self.loss.remove)
+        # Before the script runs: a script that imports clip_grad_norm_ by name (at its top) gets the wrapper, whose
+        # norm is the one before clipping; with the wrappers put on by the Watch, every step's was after clipping.
+        watch_clipping(self._clip)
+        self._undo.append(lambda: unwatch_clipping(self._clip))
         self._undo.append(wrap_attribute(DataLoader, "__iter__", self._iter))
         self._undo.append(wrap_attribute(_BaseDataLoaderIter, "__next__", self._next))
 
@@ -580,6 +586,9 @@ class ScriptWatch:
             return
         self._watch = weakref.ref(watch)
         self.runs += 1
+        clip = self._clip.take()
+        if clip is not None:
+            watch._hooks.clipped(*clip)  # this step's norm before the script clipped it
         self._beside = {id(o) for o in beside}
         if left_out:
             print(f"tuiwatch run: {left_out}", file=sys.stderr)
@@ -587,6 +596,7 @@ class ScriptWatch:
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         watch = self.watch
         if watch is None:
+            self._clip.take()  # a clip before this step is not the next one's
             if id(optimizer) in self._passed:
                 self.loss.take()  # what it stepped on is not the loss of the step the Watch will start in
             return
@@ -690,9 +700,9 @@ class ScriptWatch:
             if recorder is not None:
                 self._recorders[it] = recorder
             adapter = sys._getframe(1).f_locals.get("self")  # who asked: Accelerate's DataLoaderShard, say
-            if getattr(adapter, "base_dataloader", None) is loader:
-                # It draws one batch ahead of what it hands the loop (and skips the first skip_batches on resume):
-                # each batch is taken when the next is drawn, and the last when the drawing ends.
+            if draws_one_ahead(adapter, loader):
+                # Each batch is taken when the next is drawn, and the last when the drawing ends (Accelerate also
+                # skips the first skip_batches when it resumes mid-epoch).
                 self._one_ahead[it] = _Ahead(skip=int(getattr(adapter, "skip_batches", 0) or 0))
             return it
 

@@ -16,15 +16,17 @@ before the clip instead, so it is still the norm before clipping (its
 ``grad_norm_clipped`` stays null: no norm bound was set). Only a call over the
 watched model's parameters, with the 2-norm, counts; anything the wrapper does
 itself is guarded, so the loop always gets torch's answer or torch's
-exception. A loop that imported the function
-before the Watch started (``from torch.nn.utils import clip_grad_norm_``)
-calls the original: then ``grad_norm`` is after clipping, as documented.
+exception. A loop that imported the function before the Watch started
+(``from torch.nn.utils import clip_grad_norm_``) has that name rebound to the
+wrapper when a Watch starts; bound under another name it calls the original,
+and ``grad_norm`` is after clipping, as documented.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from tuiwatch.publisher.forksafe import ForkSafeLock
+from tuiwatch.publisher.measure import gradient_norm
 
 _lock = ForkSafeLock()
 _recorders: weakref.WeakSet[Any] = weakref.WeakSet()  # the open Watches' hooks (ModelHooks.clipped)
@@ -98,6 +101,60 @@ def watch_clipping(hooks: Any) -> None:
             functools.update_wrapper(wrapper, current)  # its name, doc and signature stay torch's
             setattr(torch.nn.utils, name, wrapper)
             _installed.add(name)
+        with contextlib.suppress(Exception):  # never the Watch's failure: those clips stay after-clip readings
+            _rebind_bound_originals()
+
+
+def _rebind_bound_originals() -> None:
+    """Names bound to torch's functions before the wrappers were on are bound to the wrappers.
+
+    ``from torch.nn.utils import clip_grad_norm_`` at the top of a script runs before its Watch exists: the loop
+    then called torch's own function, and every step's ``grad_norm`` was the norm after clipping (flat at
+    ``max_norm``: ``grad-explosion`` could never fire). Rebound in every module but torch's, under the function's
+    own name only (the loop may be in an ``engine.py`` the Watch was not made in; another name, ``import
+    clip_grad_norm_ as clip`` or a reference kept to compare with, is left as it is). The wrapper calls the same
+    function with the same arguments and returns its answer, and still does after the last Watch closed.
+    """
+    for module_name, module in list(sys.modules.items()):
+        names = getattr(module, "__dict__", None)
+        if not isinstance(names, dict) or not _foreign(module_name):
+            continue
+        for name in _installed:
+            if names.get(name) is _originals[name]:
+                names[name] = _WRAPPERS[name]
+
+
+def _foreign(module_name: Any) -> bool:
+    """A module of the loop's or a library's: not torch's (which defines and re-exports the functions) nor ours."""
+    return (
+        isinstance(module_name, str) and not module_name.startswith(("torch.", "tuiwatch.")) and module_name != "torch"
+    )
+
+
+class ClipBeforeTheWatch:
+    """The loop's last clip while ``waiting()`` says its Watch is not made yet. ``tuiwatch run`` makes the Watch
+    inside the first optimizer step, after the loop clipped, where its pre-hook would read the norm after clipping
+    (1.0 for timm's ``--clip-grad 1``); given to the new Watch's hooks (``ModelHooks.clipped``), this clip's norm is
+    that step's norm before clipping."""
+
+    __slots__ = ("__weakref__", "last", "waiting")
+
+    def __init__(self, waiting: Callable[[], bool]):
+        self.waiting = waiting
+        self.last: tuple[list[Any], Any, float | None] | None = None  # (parameters, norm, max_norm)
+
+    def clipped(self, params: list[Any], norm: torch.Tensor, max_norm: float) -> None:
+        if self.waiting():
+            self.last = (params, norm, max_norm)
+
+    def before_value_clip(self, params: list[Any]) -> None:
+        if self.waiting():
+            grads = [p.grad for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
+            self.last = (params, gradient_norm(grads), None)  # a value clip sets no norm bound
+
+    def take(self) -> tuple[list[Any], Any, float | None] | None:
+        last, self.last = self.last, None
+        return last
 
 
 def unwatch_clipping(hooks: Any) -> None:

@@ -416,7 +416,7 @@ class ModelHooks:
             self._param_cache = (key, list(self.model.parameters()))
         return self._param_cache[1]
 
-    def clipped(self, params: list[Any], norm: torch.Tensor, max_norm: float) -> None:
+    def clipped(self, params: list[Any], norm: torch.Tensor, max_norm: float | None) -> None:
         """The loop clipped with torch's ``clip_grad_norm_`` (clipping.py): its norm is the step's pre-clip one."""
         mine = self.params()
         if self.tracker.off or not _holds_any(params, mine):
