@@ -1,11 +1,13 @@
 """``watch.batches(tqdm(loader))``: the DataLoader under a progress bar is still the one recorded.
 
 A tqdm bar is no DataLoader: its batches had no sample ids, and a checkpoint did not hold the loader's own
-shuffle generator. It hands its iterable's items on one by one, in order, as Fabric's loader does.
+shuffle generator. It hands its iterable's items on one by one, in order, as Fabric's loader does, and as timm's
+``PrefetchLoader`` does one batch behind its drawing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,42 @@ def test_a_loader_under_a_progress_bar_records_each_steps_ids(run_root: Path, ba
     steps = [r for r in tuiwatch.read_ledger(watch.ledger_path) if r["kind"] == "step"]
     assert [s["batch_ids"] for s in steps] == seen
     assert len(seen) == 16
+
+
+class PrefetchLoader:
+    """timm's (timm/data/loader.py), as it iterates on the CPU: the next batch is normalised before this one is
+    handed over."""
+
+    def __init__(self, loader: DataLoader[tuple[torch.Tensor, ...]]):
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        held = None
+        for x, y in self.loader:
+            x = x.to(torch.float32).sub_(0.5).div_(0.5)
+            if held is not None:
+                yield held
+            held = x, y
+        if held is not None:
+            yield held
+
+
+def test_timms_prefetch_loader_records_each_steps_ids(run_root: Path):
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen: list[list[int]] = []
+    with tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for x, y in watch.batches(PrefetchLoader(numbered_loader(2))):
+            seen.append((x[:, 0] * 0.5 + 0.5).round().long().tolist())
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert watch.ledger_path is not None
+    steps = [r for r in tuiwatch.read_ledger(watch.ledger_path) if r["kind"] == "step"]
+    assert [s["batch_ids"] for s in steps] == seen
+    assert len(seen) == 8
 
 
 def test_a_checkpoint_holds_the_shuffle_generator_of_the_loader_under_a_progress_bar():
