@@ -110,12 +110,17 @@ def adapted(loader: Any) -> Any:
 
 def draws_one_ahead(adapter: Any, loader: Any) -> bool:
     """Whether ``adapter`` hands the loop ``loader``'s batches one behind its drawing: Accelerate's prepared loader
-    draws the next batch to know whether this one is the last, and timm's ``PrefetchLoader`` moves the next one to
-    the device while the loop trains on this one. Each batch is the loop's when the next is drawn, and the last
-    when the drawing ends."""
+    draws the next batch to know whether this one is the last, and timm's ``PrefetchLoader`` and apex's
+    ``data_prefetcher`` move the next one to the device while the loop trains on this one. Each batch is the
+    loop's when the next is drawn, and the last when the drawing ends."""
     if getattr(adapter, "base_dataloader", None) is loader:
         return True
-    return type(adapter).__name__ == "PrefetchLoader" and getattr(adapter, "loader", None) is loader
+    name = type(adapter).__name__
+    if name == "PrefetchLoader":
+        return getattr(adapter, "loader", None) is loader
+    # NVIDIA apex's ImageNet example's, copied into many repositories: iter(loader) in its __init__ (before it holds
+    # the iterator), each next() in its preload(), one batch before the loop's prefetcher.next() hands it over.
+    return name.lower() == "data_prefetcher"
 
 
 def _is_tqdm(loader: Any) -> bool:
