@@ -1095,6 +1095,69 @@ def test_an_adapter_that_draws_one_batch_ahead_gives_each_step_the_batch_it_trai
     assert all("micro_batches" not in s for s in steps)
 
 
+DRAWN_IN_A_THREAD = """
+import json, queue, sys, threading
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class BackgroundGenerator(threading.Thread):  # prefetch_generator's, as `DataLoaderX` scripts use it
+    def __init__(self, generator, max_prefetch=1):
+        threading.Thread.__init__(self)
+        self.queue = queue.Queue(max_prefetch)
+        self.generator = generator
+        self.daemon = True
+        self.start()
+    def run(self):
+        for item in self.generator:
+            self.queue.put(item)
+        self.queue.put(None)
+    def __next__(self):
+        item = self.queue.get()
+        if item is None:
+            raise StopIteration
+        return item
+    def __iter__(self):
+        return self
+
+class DataLoaderX(DataLoader):
+    def __iter__(self):
+        return BackgroundGenerator(super().__iter__())
+
+class Indexed(Dataset):
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return torch.full((3,), float(i)), torch.tensor(i % 2)
+
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+losses = []
+for epoch in range(3):
+    for x, y in DataLoaderX(Indexed(), batch_size=4, shuffle=True):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+json.dump(losses, open(sys.argv[1], "w"))
+"""
+
+
+def test_batches_a_background_thread_draws_ahead_are_no_steps_batches(socket_dir: Path, tmp_path: Path):
+    # A thread fills a queue ahead of the loop: its draws, taken as the loop's, made steps of three micro-batches
+    # and steps of none, their ids another step's. Which step trains on a batch drawn there is not known: the steps
+    # open at the model's training forwards, without batch facts, and the epochs still begin where they do.
+    truth = tmp_path / "seen.json"
+    steps = records(run_source(DRAWN_IN_A_THREAD, tmp_path, socket_dir, str(truth)), "step")
+    losses = json.loads(truth.read_text())
+    assert len(steps) == len(losses) == 30
+    assert [s["loss"] for s in steps] == pytest.approx(losses, rel=1e-6)
+    assert all(s["batch_ids"] is None and s["batch_shape"] is None and "micro_batches" not in s for s in steps)
+    assert [s["epoch"] for s in steps] == [0] * 10 + [1] * 10 + [2] * 10
+    assert all(s["finite"]["forward"] is True for s in steps[2:])  # (steps open at forwards from the third)
+
+
 EVALUATES_ON_ITS_TRAINING_SET = """
 import json, pickle, sys
 import torch

@@ -80,8 +80,8 @@ OTHERS_ALONE = 50
 
 NOT_SEEN = [
     "validation metrics (eval records): the script computes them itself",
-    "batches that do not come from a torch DataLoader: no data wait, shapes or ids (the forward time and output "
-    "check from the second step on)",
+    "batches that do not come from a torch DataLoader, or that a thread of the script's draws ahead of the loop: no "
+    "data wait, shapes or ids (the forward time and output check from the second step on)",
     "the first optimizer step's data wait and timing: the Watch starts at that step",
     "optimizers other than the first that steps, and their models (their losses are left out), except those that "
     "step parameters of its model alone (Muon beside AdamW): they are watched with it",
@@ -392,6 +392,7 @@ class ScriptWatch:
         self._others: weakref.WeakSet[Any] = weakref.WeakSet()  # other optimizers seen stepping in this run
         self._epochs_stepped = 0  # ``epochs`` when the watched optimizer last stepped
         self._step_opened = False  # a loader's batch (or, without one, the first training forward) opened it
+        self._training_thread: int | None = None  # the thread the watched optimizer steps in, once it has
         self._step_dataset: Any = None
         # An evaluator may draw its first batch before it calls model.eval() (ignite's create_supervised_evaluator
         # does): drawn in training mode, it opens a step. If the model then runs forwards in eval mode only until
@@ -585,6 +586,7 @@ class ScriptWatch:
             print(f"tuiwatch run: cannot watch this run ({exc}); it runs unwatched", file=sys.stderr)
             return
         self._watch = weakref.ref(watch)
+        self._training_thread = threading.get_ident()
         self.runs += 1
         clip = self._clip.take()
         if clip is not None:
@@ -684,6 +686,8 @@ class ScriptWatch:
         if watch is not None:
             self._step_opened = True
             watch.step(run_commands=False)  # a viewer's commands still run where steps end
+            if self.epochs and watch._tracker.epoch != self.epochs - 1:
+                watch.log(epoch=self.epochs - 1)  # begun by a loader a background thread draws from (_next)
 
     # --- the data ---------------------------------------------------------------------
 
@@ -712,6 +716,14 @@ class ScriptWatch:
         clock = time.perf_counter
 
         def __next__(it: Any) -> Any:
+            if self._training_thread is not None and threading.get_ident() != self._training_thread:
+                # A thread drawing batches ahead into a queue (prefetch_generator's BackgroundGenerator): which step
+                # trains on a batch is not known here, and ids paired with the wrong step are worse than none. The
+                # steps open at the model's training forwards instead (_before_forward), without batch facts.
+                batch = original(it)
+                if getattr(it, "_num_yielded", None) == 1:
+                    self.epochs += 1
+                return batch
             ahead = self._one_ahead.get(it) if self._one_ahead else None
             t0 = clock()
             try:
