@@ -378,7 +378,7 @@ class ScriptWatch:
         self._held_hooks: list[tuple[Any, type]] = []  # (handle, the module class whose copies leave it out)
         self._pid = os.getpid()  # the script's own process: a child it forks inherits these hooks, not the watching
         self._passed: set[int] = set()  # optimizers over bare tensors left for one over a module's parameters
-        self._clip = ClipBeforeTheWatch(lambda: self.watch is None)  # step 0's clip: it comes before its Watch
+        self._clip = ClipBeforeTheWatch(lambda: self.watch is None and not self.declined)  # step 0's: before its Watch
         self._undo: list[Callable[[], None]] = []
         self._new_run()
 
@@ -721,6 +721,9 @@ class ScriptWatch:
                 # trains on a batch is not known here, and ids paired with the wrong step are worse than none. The
                 # steps open at the model's training forwards instead (_before_forward), without batch facts.
                 batch = original(it)
+                recorder = self._recorders.get(it)
+                if recorder is not None:
+                    recorder.pop()  # (not kept: an epoch's worth of ids would pile up)
                 if getattr(it, "_num_yielded", None) == 1:
                     self.epochs += 1
                 return batch
