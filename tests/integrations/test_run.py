@@ -1158,6 +1158,66 @@ def test_batches_a_background_thread_draws_ahead_are_no_steps_batches(socket_dir
     assert all(s["finite"]["forward"] is True for s in steps[2:])  # (steps open at forwards from the third)
 
 
+MULTI_EPOCHS = """
+import json, sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class MultiEpochsDataLoader(DataLoader):  # timm's (--use-multi-epochs-loader): one iterator for every epoch
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._DataLoader__initialized = False
+        self.batch_sampler = _RepeatSampler(self.batch_sampler)
+        self._DataLoader__initialized = True
+        self.iterator = super().__iter__()
+    def __len__(self):
+        return len(self.batch_sampler.sampler)
+    def __iter__(self):
+        for i in range(len(self)):
+            yield next(self.iterator)
+
+class _RepeatSampler:
+    def __init__(self, sampler):
+        self.sampler = sampler
+    def __iter__(self):
+        while True:
+            yield from iter(self.sampler)
+
+class Indexed(Dataset):
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return torch.full((3,), float(i)), torch.tensor(i % 2)
+
+torch.manual_seed(0)
+model = torch.nn.Linear(3, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = MultiEpochsDataLoader(Indexed(), batch_size=4, shuffle=True, num_workers=int(sys.argv[2]))
+seen = []
+for epoch in range(2):
+    for x, y in loader:
+        seen.append(x[:, 0].long().tolist())
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+json.dump(seen, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_subclass_whose_init_calls_torchs_iter_runs_and_records_its_ids(
+    socket_dir: Path, tmp_path: Path, workers: int
+):
+    # timm's MultiEpochsDataLoader keeps super().__iter__() from its __init__; tuiwatch run's wrapper of torch's
+    # __iter__ called iter(loader), which is the subclass's own generator: the script failed at its first batch
+    # with "ValueError: generator already executing".
+    truth = tmp_path / "seen.json"
+    steps = records(run_source(MULTI_EPOCHS, tmp_path, socket_dir, str(truth), str(workers)), "step")
+    seen = json.loads(truth.read_text())
+    assert len(seen) == len(steps) == 20
+    assert [s["batch_ids"] for s in steps[1:]] == seen[1:]  # (step 0's batch came before the Watch)
+
+
 EVALUATES_ON_ITS_TRAINING_SET = """
 import json, pickle, sys
 import torch

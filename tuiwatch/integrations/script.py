@@ -698,7 +698,7 @@ class ScriptWatch:
                 return original(loader)  # our own iter(), or Accelerate's adapter (its base loader comes here)
             building.active = True
             try:
-                it, recorder = iter_with_ids(loader)
+                it, recorder = iter_with_ids(loader, original)  # (torch's __iter__ was called: a subclass's super())
             finally:
                 building.active = False
             if recorder is not None:

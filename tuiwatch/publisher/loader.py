@@ -127,23 +127,28 @@ def _is_tqdm(loader: Any) -> bool:
     return any(c.__module__ == "tqdm.std" and c.__name__ == "tqdm" for c in type(loader).__mro__)  # tqdm.auto's too
 
 
-def iter_with_ids(loader: Any) -> tuple[Iterator[Any], IndexRecorder | None]:
-    """``iter(loader)`` and, for a map-style DataLoader that yields in order, its id recorder."""
+def iter_with_ids(
+    loader: Any, iterate: Callable[[Any], Iterator[Any]] = iter
+) -> tuple[Iterator[Any], IndexRecorder | None]:
+    """``iterate(loader)`` and, for a map-style DataLoader that yields in order, its id recorder. ``iterate`` is
+    ``iter``, or torch's own ``DataLoader.__iter__`` where that is what was called: a subclass's ``__iter__`` that
+    calls ``super().__iter__()`` (timm's ``MultiEpochsDataLoader``, a ``DataLoaderX``) must get torch's iterator,
+    not its own generator (whose first ``next()`` then ran inside itself: "generator already executing")."""
     handed = adapter_with_ids(loader, iter)
     if handed is not None:
         return handed
     if not _recordable(loader):
-        return iter(loader), None
+        return iterate(loader), None
     existing = getattr(getattr(loader, "_iterator", None), "_index_sampler", None)
     if isinstance(existing, IndexRecorder):  # persistent workers: the recorder is already in
-        return iter(loader), existing
+        return iterate(loader), existing
     attr = "batch_sampler" if loader._auto_collation else "sampler"
     original = getattr(loader, attr)
     recorder = IndexRecorder(original, batches=loader._auto_collation)
     # DataLoader.__setattr__ forbids this after init; the swap lasts only for iter().
     object.__setattr__(loader, attr, recorder)
     try:
-        it = iter(loader)
+        it = iterate(loader)
     finally:
         object.__setattr__(loader, attr, original)
     if getattr(it, "_index_sampler", None) is not recorder:
