@@ -91,6 +91,12 @@ def records(path: Path, kind: str | None = None) -> list[Record]:
     return [r for r in read_ledger(path) if kind is None or r["kind"] == kind]
 
 
+def watch_steps(watch: Any) -> list[Record]:
+    """The step records a Watch (closed, or still running) has written to its ledger."""
+    assert watch.ledger_path is not None
+    return records(watch.ledger_path, "step")
+
+
 def count_steps(path: Path) -> int:
     return len(records(path, "step"))
 

@@ -991,7 +991,8 @@ def test_the_rules_option_sets_the_watchs_rules_and_a_bad_one_stops_before_the_s
     assert not (tmp_path / "runs").exists()
 
 
-ONE_AHEAD = """
+# Forty samples, each input's first value its index: the ids a step records can be checked against it.
+INDEXED = """
 import json, sys
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -1001,7 +1002,11 @@ class Indexed(Dataset):
         return 40
     def __getitem__(self, i):
         return torch.full((3,), float(i)), torch.tensor(i % 2)
+"""
 
+ONE_AHEAD = (
+    INDEXED
+    + """
 class OneAhead:  # Accelerate's DataLoaderShard, as it iterates: one batch ahead, skip_batches when resuming
     def __init__(self, loader, skip_batches=0):
         self.base_dataloader, self.skip_batches = loader, skip_batches
@@ -1077,6 +1082,7 @@ for epoch, skip in enumerate((0, 2) if adapter is OneAhead else (0, 0)):  # resu
         optimizer.zero_grad()
 json.dump(seen, open(sys.argv[1], "w"))
 """
+)
 
 
 @pytest.mark.parametrize("adapter", ["accelerate", "timm", "apex"])
@@ -1095,10 +1101,10 @@ def test_an_adapter_that_draws_one_batch_ahead_gives_each_step_the_batch_it_trai
     assert all("micro_batches" not in s for s in steps)
 
 
-DRAWN_IN_A_THREAD = """
-import json, queue, sys, threading
-import torch
-from torch.utils.data import DataLoader, Dataset
+DRAWN_IN_A_THREAD = (
+    INDEXED
+    + """
+import queue, threading
 
 class BackgroundGenerator(threading.Thread):  # prefetch_generator's, as `DataLoaderX` scripts use it
     def __init__(self, generator, max_prefetch=1):
@@ -1123,12 +1129,6 @@ class DataLoaderX(DataLoader):
     def __iter__(self):
         return BackgroundGenerator(super().__iter__())
 
-class Indexed(Dataset):
-    def __len__(self):
-        return 40
-    def __getitem__(self, i):
-        return torch.full((3,), float(i)), torch.tensor(i % 2)
-
 torch.manual_seed(0)
 model = torch.nn.Linear(3, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -1142,6 +1142,7 @@ for epoch in range(3):
         optimizer.zero_grad()
 json.dump(losses, open(sys.argv[1], "w"))
 """
+)
 
 
 def test_batches_a_background_thread_draws_ahead_are_no_steps_batches(socket_dir: Path, tmp_path: Path):
@@ -1158,11 +1159,9 @@ def test_batches_a_background_thread_draws_ahead_are_no_steps_batches(socket_dir
     assert all(s["finite"]["forward"] is True for s in steps[2:])  # (steps open at forwards from the third)
 
 
-MULTI_EPOCHS = """
-import json, sys
-import torch
-from torch.utils.data import DataLoader, Dataset
-
+MULTI_EPOCHS = (
+    INDEXED
+    + """
 class MultiEpochsDataLoader(DataLoader):  # timm's (--use-multi-epochs-loader): one iterator for every epoch
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -1183,12 +1182,6 @@ class _RepeatSampler:
         while True:
             yield from iter(self.sampler)
 
-class Indexed(Dataset):
-    def __len__(self):
-        return 40
-    def __getitem__(self, i):
-        return torch.full((3,), float(i)), torch.tensor(i % 2)
-
 torch.manual_seed(0)
 model = torch.nn.Linear(3, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -1202,6 +1195,7 @@ for epoch in range(2):
         optimizer.zero_grad()
 json.dump(seen, open(sys.argv[1], "w"))
 """
+)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

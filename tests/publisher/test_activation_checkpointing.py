@@ -14,11 +14,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.activation_checkpointing import in_backward, in_function_forward
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import records
+from ..helpers import watch_steps
 
 
 class Net(nn.Module):
@@ -39,11 +38,6 @@ def _batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         x = torch.randn(16, 8, generator=g)
         out.append((x, x[:, :4].argmax(1)))
     return out
-
-
-def _steps(watch: Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return records(watch.ledger_path, "step")
 
 
 def _train(run_root: Path, *, reentrant: bool, marked: bool, parts: bool, steps: int = 12) -> tuple[Watch, list[float]]:
@@ -73,7 +67,7 @@ def _train(run_root: Path, *, reentrant: bool, marked: bool, parts: bool, steps:
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
 def test_a_checkpointed_model_has_one_forward_a_step_and_its_phases(run_root: Path, reentrant: bool):
     watch, losses = _train(run_root, reentrant=reentrant, marked=True, parts=False)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["loss"] for s in steps] == pytest.approx(losses)
     for s in steps:
         assert s["forward_s"] is not None, s["step"]
@@ -85,7 +79,7 @@ def test_a_checkpointed_model_has_one_forward_a_step_and_its_phases(run_root: Pa
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
 def test_a_checkpointed_part_is_not_taken_for_the_head(run_root: Path, reentrant: bool):
     watch, _ = _train(run_root, reentrant=reentrant, marked=True, parts=True)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     # The parts are watched from the second optimizer step (the model's own forward ran in neither of the first two).
     assert [s["classes"] for s in steps if "classes" in s] == [4]  # the head's classes, not the encoder's width
     assert all(s["forward_s"] is not None for s in steps[2:])
@@ -93,7 +87,7 @@ def test_a_checkpointed_part_is_not_taken_for_the_head(run_root: Path, reentrant
 
 def test_a_loop_that_marks_no_steps_and_checkpoints_its_model_logs_each_loss_in_its_own_step(run_root: Path):
     watch, losses = _train(run_root, reentrant=True, marked=False, parts=False)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == list(range(1, 13))
     assert [s["loss"] for s in steps] == pytest.approx(losses)
     assert all(s["forward_s"] is not None for s in steps[1:])

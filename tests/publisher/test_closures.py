@@ -17,20 +17,14 @@ import torch
 from torch import nn
 
 import tuiwatch
-from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import records
+from ..helpers import watch_steps
 
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-
-
-def _steps(watch: Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return records(watch.ledger_path, "step")
 
 
 def _weights(model: nn.Module) -> list[torch.Tensor]:
@@ -70,7 +64,7 @@ def test_lbfgs_gradient_norm_is_the_first_evaluations_of_each_step(run_root: Pat
             moves.append(
                 math.sqrt(sum(float((p - b).pow(2).sum()) for p, b in zip(_weights(model), before, strict=True)))
             )
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["grad_norm"] for s in steps] == pytest.approx(first_norms, rel=1e-6)
     assert len(set(first_norms)) == 4  # each step's own, none carried over
     assert steps[0]["update_norm"] == pytest.approx(moves[0], rel=1e-5)  # the whole step's, all evaluations
@@ -103,7 +97,7 @@ def test_stop_raises_inside_the_closure_before_the_bad_update(run_root: Path, so
     assert info.value.step == 2
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))  # not applied
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
-    assert [s["step"] for s in _steps(watch)] == [0, 1, 2]
+    assert [s["step"] for s in watch_steps(watch)] == [0, 1, 2]
 
 
 def test_skip_leaves_the_weights_of_a_bad_closure_step_and_goes_on(run_root: Path, socket_dir: Path):
@@ -117,7 +111,7 @@ def test_skip_leaves_the_weights_of_a_bad_closure_step_and_goes_on(run_root: Pat
             optimizer.step(closure_for(i))
             unchanged = all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
             assert unchanged == (i == 1)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert [s["finite"]["grad"] for s in steps] == [True, False, True]
     assert all(bool(torch.isfinite(p).all()) for p in model.parameters())

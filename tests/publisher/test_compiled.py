@@ -21,10 +21,9 @@ import torch._dynamo
 from torch import nn
 
 import tuiwatch
-from tuiwatch.ledger.records import Record
 from tuiwatch.publisher import compiling
 
-from ..helpers import records
+from ..helpers import records, watch_steps
 
 
 @contextmanager
@@ -67,11 +66,6 @@ def _train(
     return norms
 
 
-def _steps(watch: tuiwatch.Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return records(watch.ledger_path, "step")
-
-
 def test_a_model_compiled_after_the_watch_hooked_it_is_one_graph(run_root: Path, socket_dir: Path):
     # The Watch made before torch.compile, or a Trainer's torch_compile=True with its callback's pre-hook on the
     # model: three graphs instead of one.
@@ -80,7 +74,7 @@ def test_a_model_compiled_after_the_watch_hooked_it_is_one_graph(run_root: Path,
         _train(watch, cast(nn.Module, torch.compile(model, backend="eager")), model, optimizer)
         watch.close()
         assert counted() == (1, [])
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     assert all(s["finite"]["forward"] is True and s["forward_s"] is not None for s in steps)
     assert [s.get("classes") for s in steps] == [2, None, None, None]
@@ -111,7 +105,7 @@ def test_a_compiled_optimizer_step_is_one_graph_and_still_measured(run_root: Pat
                 compiled_step()
                 opt.zero_grad()
         assert counted() == (1, [])
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == [1, 2, 3, 4]
     assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-6)
     assert [s["lr"] for s in steps] == [[torch.tensor(0.01).item()]] * 4
@@ -135,7 +129,7 @@ def test_a_model_compiled_as_one_graph_after_the_watch_hooked_it_trains_without_
         # hooks would have made dynamo compile the model again.
         assert counted() == (1, [])
         assert compiling.left_out
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-6)  # the optimizer's hooks are eager
     # What the forward hook measures inside the compiled forward is not measured (docs/architecture.md).
@@ -146,7 +140,7 @@ def test_a_model_compiled_as_one_graph_after_the_watch_hooked_it_trains_without_
     again = tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
     _train(again, model, model, optimizer, steps=1)
     again.close()
-    assert _steps(again)[0]["finite"]["forward"] is True
+    assert watch_steps(again)[0]["finite"]["forward"] is True
 
 
 @pytest.mark.parametrize("strict", [False, True])

@@ -16,14 +16,13 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from tuiwatch.errors import NonFiniteError
-from tuiwatch.ledger.records import Record
 from tuiwatch.publisher import late_probes
 from tuiwatch.publisher.late_probes import HELD_BYTES, WARMUP, LateProbes
 from tuiwatch.publisher.measure import BatchInfo
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import records
+from ..helpers import watch_steps
 
 ROWS, WIDTH = 512, 1024  # 2 MiB of float32: over HELD_BYTES
 STEPS = 40
@@ -78,16 +77,11 @@ def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
-def _steps(watch: Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return records(watch.ledger_path, "step")
-
-
 def test_a_large_cpu_batch_is_summed_off_the_training_thread_and_each_step_names_its_own(run_root: Path):
     model, optimizer = _model()
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, on_nonfinite="warn") as watch:
         summed = _train(watch, model, optimizer, _inputs())
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == list(range(STEPS))
     # The bad batch at its own step, and only there: the steps after it trained a broken model on finite batches.
     assert [s["step"] for s in steps if s["finite"]["batch"] is not True] == [NAN_AT]
@@ -110,7 +104,7 @@ def test_a_loader_that_writes_every_batch_into_one_buffer_has_its_batches_probed
 
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, on_nonfinite="warn") as watch:
         summed = _train(watch, model, optimizer, loader())
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps if s["finite"]["batch"] is not True] == [NAN_AT]
     assert summed == STEPS  # the reuse was seen at the second batch: every probe at once
 
@@ -121,7 +115,7 @@ def test_a_loop_that_cleans_its_batch_in_place_has_its_batches_probed_at_once_as
     model, optimizer = _model()
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True, on_nonfinite="warn") as watch:
         summed = _train(watch, model, optimizer, _inputs(), in_place=True)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps if s["finite"]["batch"] is not True] == [NAN_AT]
     assert steps[NAN_AT]["finite"]["batch"] is False
     assert steps[NAN_AT]["finite"]["forward"] is True  # the model saw the batch cleaned
@@ -134,7 +128,7 @@ def test_a_non_finite_large_batch_stops_the_run_naming_the_batch(run_root: Path)
     with pytest.raises(NonFiniteError) as stopped:
         _train(watch, model, optimizer, _inputs())
     assert "boundary=batch" in str(stopped.value)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert steps[-1]["step"] == NAN_AT
     assert steps[-1]["finite"]["batch"] is False
 

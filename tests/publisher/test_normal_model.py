@@ -18,10 +18,9 @@ import torch
 from torch import nn
 
 import tuiwatch
-from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.hooks import ForwardHook
 
-from ..helpers import records
+from ..helpers import watch_steps
 from .loops import train_batches
 
 
@@ -30,11 +29,6 @@ def _watched(run_root: Path) -> tuple[nn.Module, torch.optim.Optimizer, tuiwatch
     model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     return model, optimizer, tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False)
-
-
-def _steps(watch: tuiwatch.Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return records(watch.ledger_path, "step")
 
 
 def test_a_watched_model_pickles_deep_copies_and_saves_whole(run_root: Path, socket_dir: Path):
@@ -55,7 +49,7 @@ def test_a_watched_model_pickles_deep_copies_and_saves_whole(run_root: Path, soc
     assert restored.state_dict()["param_groups"] == optimizer.state_dict()["param_groups"]
     train_batches(watch, model, optimizer, 2)  # the run goes on as before
     watch.close()
-    assert [s["step"] for s in _steps(watch)] == [0, 1, 2, 3, 4]
+    assert [s["step"] for s in watch_steps(watch)] == [0, 1, 2, 3, 4]
 
 
 def test_an_integrations_forward_pre_hook_stays_out_of_copies_and_the_users_stays_in(run_root: Path, socket_dir: Path):
@@ -129,7 +123,7 @@ def test_copies_of_a_watched_model_never_publish_into_its_run(run_root: Path, so
         optimizer.zero_grad()
         ema.update_parameters(model)
     watch.close()
-    (step,) = _steps(watch)
+    (step,) = watch_steps(watch)
     assert step["finite"]["forward"] is True  # the model's own output, not a copy's
     assert step["finite"]["batch"] is False  # the batch the loader gave did hold NaN
 
@@ -143,7 +137,7 @@ def test_a_compiled_model_is_watched_under_its_own_class_name(run_root: Path, so
     train_batches(watch, compiled, optimizer, 3)
     watch.close()
     assert watch.run_record["model"] == "Sequential"
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert all(s["finite"]["forward"] is True and s["grad_norm"] > 0 for s in steps)
 
@@ -180,7 +174,7 @@ def test_a_watched_model_scripts_without_the_watchs_hooks_and_stays_watched(run_
     ours.remove()
     train_batches(watch, model, optimizer, 2)  # still watched: the forward probe is read at each step
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     assert all(s["finite"]["forward"] is True for s in steps)
 
@@ -208,6 +202,6 @@ def test_a_model_exported_in_the_middle_of_a_step_exports_and_the_step_is_record
         optimizer.zero_grad()
     assert torch.allclose(exported[0](x), model(x))  # (the exported module holds the model's own parameters)
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert all(s["finite"]["forward"] is True and s["grad_norm"] > 0 for s in steps)

@@ -15,15 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import records
-
-
-def _steps(watch: Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return records(watch.ledger_path, "step")
+from ..helpers import records, watch_steps
 
 
 class GraphConv(nn.Module):
@@ -54,7 +48,7 @@ def test_a_batch_of_sparse_tensors_trains_and_is_recorded(run_root: Path, socket
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert all(s["batch_shape"] == [[nodes, features], [nodes, nodes]] for s in steps)
     assert all(s["finite"]["batch"] is True and s["finite"]["forward"] is True for s in steps)
@@ -91,7 +85,7 @@ def test_nested_tensors_as_the_batch_and_the_output_train_and_leave_what_they_ca
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert all(s["batch_shape"] == [None, [2]] for s in steps)  # the ragged part has no shape
     assert all(s["finite"]["batch"] is True for s in steps)  # the dense part's
@@ -119,7 +113,7 @@ def test_sparse_gradients_have_their_norm(run_root: Path, socket_dir: Path):
             truth.append(torch.cat([g.reshape(-1) for g in grads]).norm().item())
             optimizer.step()
             optimizer.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["grad_norm"] for s in steps] == pytest.approx(truth, rel=1e-5)
     assert steps[0]["update_norm"] == pytest.approx(0.1 * truth[0], rel=1e-5)  # SGD: lr times the gradient
 
@@ -141,7 +135,7 @@ def test_a_lazy_model_is_watched_before_its_first_forward(run_root: Path, socket
             optimizer.zero_grad()
     assert watch.ledger_path is not None
     assert records(watch.ledger_path, "run")[0]["params"] is None  # unknown when the run began
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1]
     assert steps[0]["grad_norm"] > 0
     assert steps[0]["param_norm"] > 0  # the parameters made by the first forward

@@ -28,7 +28,7 @@ from tuiwatch.publisher.hooks import OUTPUT_PROBES
 from tuiwatch.publisher.parts import has_forward, model_parts
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import records
+from ..helpers import records, watch_steps
 
 
 class AutoEncoder(nn.Module):
@@ -55,10 +55,6 @@ def _ledger(watch: Watch, kind: str) -> list[Record]:
     return records(watch.ledger_path, kind)
 
 
-def _steps(watch: Watch) -> list[Record]:
-    return _ledger(watch, "step")
-
-
 def _train(model: AutoEncoder, run_root: Path, steps: int, *, call: str = "parts") -> Watch:
     torch.manual_seed(0)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -75,7 +71,7 @@ def _train(model: AutoEncoder, run_root: Path, steps: int, *, call: str = "parts
 
 def test_a_model_without_a_forward_has_its_parts_outputs_checked_and_its_phases_timed(run_root: Path):
     model = AutoEncoder()
-    steps = _steps(_train(model, run_root, 6))
+    steps = watch_steps(_train(model, run_root, 6))
     assert [s["finite"]["forward"] for s in steps] == [True] * 6
     for s in steps:
         assert None not in (s["forward_s"], s["backward_s"], s["optimizer_s"])
@@ -103,7 +99,7 @@ def test_a_nan_made_by_a_part_is_blamed_on_the_model_not_on_the_loss(run_root: P
             watch.log(loss=loss)
             loss.backward()
             opt.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["finite"]["forward"] for s in steps] == [True, True, False, True]
     alerts = [r for r in _ledger(watch, "alert") if r["rule"] == "nonfinite"]
     assert alerts[0]["step"] == 2
@@ -116,7 +112,7 @@ def test_a_loop_that_calls_model_forward_is_watched_by_its_parts_from_the_second
 ):
     monkeypatch.setattr(compiling, "left_out", False)  # as in a process that compiled nothing whole
     model = WithForward()
-    steps = _steps(_train(model, run_root, 5, call="forward"))
+    steps = watch_steps(_train(model, run_root, 5, call="forward"))
     # Steps 0 and 1 went by without a forward the Watch saw; at step 1's optimizer step it took the parts.
     assert [s["finite"]["forward"] for s in steps] == [None, None, True, True, True]
 
@@ -132,7 +128,7 @@ def test_a_model_called_as_itself_keeps_its_own_hook(run_root: Path):
             opt.step()
             opt.zero_grad()
             assert (len(model._forward_hooks), len(model.encoder._forward_hooks)) == (1, 0)
-    assert [s["finite"]["forward"] for s in _steps(watch)] == [True] * 4
+    assert [s["finite"]["forward"] for s in watch_steps(watch)] == [True] * 4
 
 
 def test_validation_through_the_parts_tells_the_models_mode(run_root: Path):
@@ -182,7 +178,7 @@ def test_a_step_of_more_part_calls_than_are_checked_leaves_its_output_unchecked(
             loss.backward()
             opt.step()
             opt.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     # Checked in part, the head's output (the one the loss reads) would be said finite unseen: not checked at all.
     assert [s["finite"]["forward"] for s in steps] == [True, None]
     assert [s["forward_s"] is None for s in steps] == [True, True]  # the cell, first called, ran 4 and 65 times
@@ -237,7 +233,7 @@ def test_a_forward_inside_the_optimizers_step_has_no_phases(run_root: Path):
         for _ in range(3):
             watch.step()
             watch.log(loss=opt.step(closure))
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["forward_s"] for s in steps] == [None] * 3
     assert [s["finite"]["forward"] for s in steps] == [True] * 3  # still checked
 

@@ -27,15 +27,10 @@ from tuiwatch.publisher.dumps import Dump, load_dump
 from tuiwatch.publisher.measure import NO_BATCH, class_count
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import records
+from ..helpers import records, watch_steps
 from .loops import train_step
 
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
-
-
-def _steps(watch: Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return [r for r in records(watch.ledger_path) if r["kind"] == "step"]
 
 
 def _alerts(watch: Watch) -> list[Record]:
@@ -84,7 +79,7 @@ def test_get_batch_loop_records_the_batch_it_is_given_and_the_fetch_as_data_wait
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [r["batch_ids"] for r in steps] == fetched
     assert all(r["batch_shape"] == [[batch_size, block], [batch_size, block]] for r in steps)
     assert all(r["tokens"] == batch_size * block for r in steps)
@@ -127,7 +122,7 @@ def test_an_evaluation_inside_a_step_is_not_its_compute_before_or_after_its_work
             optimizer.zero_grad()
             if i == 4:
                 _slow_evaluation(watch, model, x, y)  # after the update, before the next boundary
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [r["step"] for r in steps] == list(range(6))
     assert watch.ledger_path is not None
     # Each at the last step that trained: at the top of step 2 the weights are step 1's.
@@ -150,7 +145,7 @@ def test_a_loop_that_measures_no_wait_says_not_measured(run_root: Path):
             watch.log(loss=loss)
             loss.backward()
             optimizer.step()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [r["data_wait_s"] for r in steps] == [None, None, None]
     assert watch.ledger_path is not None
     text = as_text(summarize(records(watch.ledger_path)))
@@ -179,7 +174,7 @@ def test_a_batch_drawn_before_a_break_out_of_the_epoch_is_no_step(run_root: Path
                 optimizer.zero_grad()
                 if kept and batch_idx == 1:
                     break  # after its step: a dry run's
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     per_epoch = 2 if kept else 4
     assert [r["step"] for r in steps] == list(range(3 * per_epoch))
     assert [r["opt_step"] for r in steps] == list(range(1, 3 * per_epoch + 1))
@@ -217,7 +212,7 @@ def test_a_step_left_by_an_exception_is_the_step_the_run_failed_in(run_root: Pat
     # keeps the step when the model's forward raised (an OOM: its alert names that step), not when its own code did.
     kept = where == "in the forward" or reason == "exception"
     watch.close(reason)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [r["step"] for r in steps] == [0, 1, 2, 3][: 4 if kept else 3]
     if kept:
         assert steps[3]["batch_ids"] == [12, 13, 14, 15]
@@ -269,7 +264,7 @@ def test_hand_written_sgd_reports_lr_and_epoch_and_gets_norms_from_the_model(run
                 watch.log(loss=loss, lr=lr, epoch=epoch)
                 epochs.append(epoch)
             lr /= 4.0
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [r["epoch"] for r in steps] == epochs
     assert [r["lr"] for r in steps] == [[20.0]] * 10 + [[5.0]] * 10
     assert [r["opt_step"] for r in steps] == list(range(1, 21))
@@ -308,7 +303,7 @@ def test_accumulation_counted_per_optimizer_step_folds_the_micro_batches(run_roo
     assert watch.ledger_path is not None
     run = records(watch.ledger_path)[0]
     assert run["step_per"] == "optimizer"
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert len(steps) == 32 // accum
     assert [r["opt_step"] for r in steps] == list(range(1, 9))
     assert all(r["micro_batches"] == accum for r in steps)
@@ -345,7 +340,7 @@ def test_a_step_that_folds_without_end_keeps_its_ids_bounded_and_each_kept_batch
         assert s.batch_ids is None  # 12 ids > 10
         assert s.micro_batches == 6
         optimizer.step()
-    (step,) = _steps(watch)
+    (step,) = watch_steps(watch)
     assert step["batch_ids"] is None
     assert step["micro_batches"] == 6
 
@@ -362,7 +357,7 @@ def test_accumulation_by_step_calls_folds_too(run_root: Path):
             if (i + 1) % 3 == 0:
                 optimizer.step()
                 optimizer.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [r["micro_batches"] for r in steps] == [3, 3, 3, 3]
     assert steps[1]["batch_ids"] == [6, 7, 8, 9, 10, 11]
 
@@ -393,7 +388,7 @@ def test_loss_chance_finds_the_classes_of_a_dict_output_and_names_shuffled_label
             out["loss"].backward()
             optimizer.step()
             optimizer.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert steps[0]["classes"] == 4
     assert steps[0]["batch_shape"] == {"features": [16, 6], "labels": [16]}
     fired = [a for a in _alerts(watch) if a["rule"] == "loss-chance" and a["severity"] == "warning"]
@@ -453,7 +448,7 @@ def test_a_nan_loss_over_finite_logits_is_named_the_losss_not_the_models(run_roo
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2, 3, 4, 5]
     assert steps[3]["finite"] == {"batch": True, "forward": True, "loss": True, "grad": True, "param": None}
     assert steps[4]["finite"]["forward"] is True
@@ -497,7 +492,7 @@ def test_a_policys_output_is_checked_past_its_integer_actions(run_root: Path):
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    assert [s["finite"]["forward"] for s in _steps(watch)] == [True, True, False, True]
+    assert [s["finite"]["forward"] for s in watch_steps(watch)] == [True, True, False, True]
     alert = next(a for a in _alerts(watch) if a["rule"] == "nonfinite")
     assert (alert["step"], alert["evidence"]["boundary"]) == (2, "forward")
 
@@ -528,7 +523,7 @@ def test_a_nan_from_a_forward_called_past_the_hook_says_the_output_was_not_check
             loss.backward()
             optimizer.step()
     assert "boundary=loss (loss nan, grad norm nan; not checked before it: forward)" in str(raised.value)
-    (step,) = _steps(watch)
+    (step,) = watch_steps(watch)
     assert step["finite"] == {"batch": True, "forward": None, "loss": False, "grad": False, "param": None}
     (alert,) = [a for a in _alerts(watch) if a["rule"] == "nonfinite"]
     assert alert["evidence"]["unchecked"] == ["forward"]
@@ -573,7 +568,7 @@ def test_a_dataclass_batch_is_recorded_and_a_nan_in_it_is_named_the_datas(run_ro
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2, 3, 4]
     assert steps[0]["batch_shape"] == {"x": [8, 4], "y": [8]}
     assert steps[3]["finite"]["batch"] is True
@@ -600,7 +595,7 @@ def test_a_batch_object_whose_tensors_are_not_found_is_not_called_finite(run_roo
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["batch_shape"] for s in steps] == [None, None]
     assert [s["finite"]["batch"] for s in steps] == [None, None]  # not looked at: not measured, not "finite"
     assert [s["finite"]["forward"] for s in steps] == [True, True]
@@ -638,7 +633,7 @@ def test_missing_values_as_nan_that_the_model_imputes_are_one_info_not_a_critica
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert len(steps) == 60
     assert sum(s["finite"]["batch"] is False for s in steps) > 50
     assert all(s["finite"]["forward"] and s["finite"]["loss"] for s in steps)
@@ -669,7 +664,7 @@ def test_a_two_output_regression_near_ln_2_is_not_a_classifier_at_chance(run_roo
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert len(steps) == 316
     late = sorted(s["loss"] for s in steps[-100:])
     assert abs(late[50] - math.log(2)) < 0.1 * math.log(2)  # where the old class count put "chance"
@@ -847,7 +842,7 @@ def test_gradscaler_skips_are_info_with_the_scale_change_and_no_dump(run_root: P
             scaler.step(optimizer)
             scaler.update()
             optimizer.zero_grad()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [r["step"] for r in steps if r["opt_step"] is None] == sorted(overflow)
     assert [r["scale"] for r in steps] == [65536.0] * 2 + [32768.0] * 3 + [16384.0] * 3
     alerts = _alerts(watch)
@@ -943,7 +938,7 @@ def test_a_samplers_numpy_or_tensor_ids_are_recorded_as_ints_and_named_keys_as_n
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["batch_ids"] for s in steps[:9]] == [*sampler.drawn, None, None, None, None]
     split = [i for s in steps[9:] for i in s["batch_ids"]]
     assert sorted(split) == list(range(0, 40, 2))
@@ -1001,7 +996,7 @@ def test_without_batching_a_tuple_key_is_one_sample_not_several_ids_and_a_list_o
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-    ids = [s["batch_ids"] for s in _steps(watch)]
+    ids = [s["batch_ids"] for s in watch_steps(watch)]
     assert ids == [None] * 6 + [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]] + [[0], [1], [2]]
 
 
@@ -1027,7 +1022,7 @@ def test_an_optimizer_whose_groups_have_no_lr_is_watched_and_its_lr_is_null(run_
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
         for _ in range(30):
             train_step(watch, model, optimizer)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert len(steps) == 30
     assert all(s["lr"] == [None] and s["opt_step"] == s["step"] + 1 for s in steps)
     assert all(s["grad_norm"] > 0 for s in steps)
@@ -1049,7 +1044,7 @@ def test_an_lr_a_schedule_computed_with_numpy_is_read_by_the_rules(run_root: Pat
             for group in optimizer.param_groups:  # a cosine from 0.1 to 0 over 20 steps, then 0
                 group["lr"] = 0.1 * (1 + np.cos(np.pi * min(step, 20) / 20)) / 2
             train_step(watch, model, optimizer)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert steps[0]["lr"] == [0.1]
     assert steps[-1]["lr"] == [0.0]
     fired = [(a["rule"], a["step"]) for a in _alerts(watch) if a["severity"] != "info"]
@@ -1073,7 +1068,7 @@ def test_the_update_norms_schedule_counts_the_parameters_that_can_move(run_root:
     assert watch.ledger_path is not None
     run = records(watch.ledger_path, "run")[0]
     assert (run["params"], run["update_norm_every"], run["param_norm_every"]) == (135_508, 10, 10)
-    assert [s["opt_step"] for s in _steps(watch) if s["update_norm"] is not None] == [1, 11]
+    assert [s["opt_step"] for s in watch_steps(watch) if s["update_norm"] is not None] == [1, 11]
     full = Watch(nn.Sequential(nn.Linear(512, 256), nn.Linear(256, 16)), run_dir=run_root, system=False, quiet=True)
     full.close()
     assert full.update_norm_every == 100  # the same model, every weight trained
@@ -1107,4 +1102,4 @@ def test_a_fine_tuned_models_update_norm_copies_only_the_parameters_that_move_an
             copied = watch._hooks._kept_snapshot
             assert copied is not None
             assert sum(t.numel() for t in copied[1]) == sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert [s["update_norm"] for s in _steps(watch)] == pytest.approx(expected, rel=1e-5)
+    assert [s["update_norm"] for s in watch_steps(watch)] == pytest.approx(expected, rel=1e-5)

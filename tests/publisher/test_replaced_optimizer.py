@@ -21,10 +21,9 @@ import torch
 from torch import nn
 
 from tuiwatch.errors import TuiwatchError
-from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import env_for, ledger_file, records
+from ..helpers import env_for, ledger_file, records, watch_steps
 from .loops import train_on
 
 X = torch.randn(128, 8, generator=torch.Generator().manual_seed(1))
@@ -35,11 +34,6 @@ BATCHES = [(X[i : i + 32], Y[i : i + 32]) for i in range(0, 128, 32)]  # 4 steps
 def _model() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
-
-
-def _steps(watch: Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return records(watch.ledger_path, "step")
 
 
 def _train(watch: Watch, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -57,7 +51,7 @@ def test_a_new_optimizer_each_epoch_is_followed_with_its_lr_and_said_once(
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * 0.5**epoch, momentum=0.9)
             _train(watch, model, optimizer)
         assert watch.optimizer is optimizer
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == list(range(1, 13))
     assert [s["lr"] for s in steps] == [[0.1]] * 4 + [[0.05]] * 4 + [[0.025]] * 4
     assert all(s["grad_norm"] is not None and s["grad_norm"] > 0 for s in steps)
@@ -82,7 +76,7 @@ def test_gradual_unfreezing_follows_the_optimizer_over_more_of_the_model(run_roo
         )
         before = [p.detach().clone() for p in backbone.parameters()]
         _train(watch, model, optimizer)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["lr"] for s in steps] == [[1e-3]] * 4 + [[1e-4, 1e-3]] * 4
     assert all(s["opt_step"] == s["step"] + 1 for s in steps)
     assert not any(torch.equal(b, p) for b, p in zip(before, backbone.parameters(), strict=True))
@@ -107,7 +101,7 @@ def test_a_checkpoint_holds_the_optimizer_and_scheduler_that_replaced_the_first(
     assert state["optimizer"] == optimizer.state_dict()
     assert len(state["optimizer"]["state"]) == 4  # the new one's momentum for each of the 4 parameters
     assert state["scheduler"]["last_epoch"] == 4
-    assert [s["lr"] for s in _steps(watch)][4:] == [[0.05], [0.05], [0.025], [0.025]]
+    assert [s["lr"] for s in watch_steps(watch)][4:] == [[0.05], [0.05], [0.025], [0.025]]
 
 
 def test_optimizers_that_replace_nothing_are_left_alone(run_root: Path, capsys: pytest.CaptureFixture[str]):
@@ -131,7 +125,7 @@ def test_optimizers_that_replace_nothing_are_left_alone(run_root: Path, capsys: 
             for o in (*others, watched):  # each steps before the watched one, every step
                 o.step()
         assert watch.optimizer is watched
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["lr"] for s in steps] == [[1e-3]] * 8
     assert [s["opt_step"] for s in steps] == list(range(1, 9))
     assert "replaced its optimizer" not in capsys.readouterr().err
@@ -163,7 +157,7 @@ def test_an_optimizer_stepped_inside_the_watched_ones_step_is_not_a_replacement(
     with Watch(model, lookahead, run_dir=run_root, system=False, quiet=True) as watch:
         _train(watch, model, lookahead)
         assert watch.optimizer is lookahead
-    assert [s["opt_step"] for s in _steps(watch)] == [1, 2, 3, 4]
+    assert [s["opt_step"] for s in watch_steps(watch)] == [1, 2, 3, 4]
     assert capsys.readouterr().err == ""
 
 
@@ -212,7 +206,7 @@ def test_sams_base_optimizer_stepped_by_second_step_makes_the_updates(
             watch.log(sam_grad_norm=norm)
             sam.second_step()
         assert watch.optimizer is sam
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == [1, 2, 3, 4]
     assert [s["lr"] for s in steps] == [[0.1]] * 4
     # The gradient SAM's update applies: the second one, at the perturbed point.
@@ -305,7 +299,7 @@ def test_a_step_that_raised_inside_the_watched_optimizer_does_not_stop_a_later_r
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         _train(watch, model, optimizer)
         assert watch.optimizer is optimizer
-    assert [s["lr"] for s in _steps(watch)][-4:] == [[0.05]] * 4
+    assert [s["lr"] for s in watch_steps(watch)][-4:] == [[0.05]] * 4
 
 
 def test_a_checkpoint_after_unfreezing_resumes_into_that_stages_optimizer_and_refuses_the_first(

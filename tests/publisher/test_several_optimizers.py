@@ -16,11 +16,10 @@ import torch
 from torch import nn
 
 from tuiwatch.errors import NonFiniteError, TuiwatchError
-from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.checkpoints import load_checkpoint
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import records
+from ..helpers import records, watch_steps
 
 X = torch.randn(256, 8, generator=torch.Generator().manual_seed(1))
 Y = X[:, :4].argmax(1)
@@ -40,11 +39,6 @@ def _distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 def _norm(model: nn.Module) -> float:
     return math.sqrt(sum(float(p.detach().pow(2).sum()) for p in model.parameters()))
-
-
-def _steps(watch: Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return [r for r in records(watch.ledger_path) if r["kind"] == "step"]
 
 
 def _step(
@@ -78,7 +72,7 @@ def test_muon_beside_adamw_records_the_whole_models_update_both_lrs_and_one_opti
             updates.append(_distance(before, after))
             biases.append(_distance(before[1::2], after[1::2]))
             norms.append(_norm(model))
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == list(range(1, 13))
     assert all(s["lr"] == [1e-3, 0.02] for s in steps)
     assert [s["update_norm"] for s in steps] == pytest.approx(updates, rel=1e-5)
@@ -102,7 +96,7 @@ def test_an_optimizer_that_steps_every_other_step_is_in_the_update_of_the_steps_
             stepping = [adamw, muon] if step % 2 else [muon]
             watch.log(loss=_step(model, stepping))
             updates.append(_distance(before, [p.detach() for p in model.parameters()]))
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == list(range(1, 9))
     assert [s["update_norm"] for s in steps] == pytest.approx(updates, rel=1e-5)
 
@@ -118,7 +112,7 @@ def test_skip_on_a_nonfinite_gradient_skips_every_optimizer_of_the_step(run_root
             _step(model, [adamw, muon], bad if step == 3 else X)
             moved = _distance(before, [p.detach() for p in model.parameters()])
             assert (moved == 0.0) == (step == 3), (step, moved)
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s.get("opt_skipped", False) for s in steps] == [False, False, False, True, False, False]
     assert [s["opt_step"] for s in steps] == [1, 2, 3, None, 4, 5]
 
@@ -166,7 +160,7 @@ def test_a_later_optimizers_own_nonfinite_gradients_stop_the_run_before_its_upda
         _gan_steps(watch, gan, opt_d, opt_g, late)
     assert (stopped.value.step, stopped.value.boundary) == (3, "grad")
     assert all(bool(p.isfinite().all()) for p in gan.parameters())  # the generator's update was not taken
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     assert steps[3]["grad_norm"] is None or math.isnan(steps[3]["grad_norm"])
 
@@ -179,7 +173,7 @@ def test_with_skip_a_later_optimizers_nonfinite_gradients_skip_its_update_alone(
     with Watch(gan, [opt_d, opt_g], run_dir=run_root, system=False, quiet=True, on_nonfinite="skip") as watch:
         _gan_steps(watch, gan, opt_d, opt_g, late=False)
     assert all(bool(p.isfinite().all()) for p in gan.parameters())
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s.get("opt_skipped", False) for s in steps] == [False, False, False, True, False, False]
     assert [s["opt_step"] for s in steps] == [1, 2, 3, 4, 5, 6]  # the discriminator stepped at step 3
 

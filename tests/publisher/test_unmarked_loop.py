@@ -16,10 +16,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.watch import Watch
 
-from ..helpers import records
+from ..helpers import watch_steps
 
 UNMARKED = "the loop marks no steps"
 
@@ -34,11 +33,6 @@ def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
-
-
-def _steps(watch: Watch) -> list[Record]:
-    assert watch.ledger_path is not None
-    return records(watch.ledger_path, "step")
 
 
 def test_a_loop_over_its_own_loader_logging_after_the_update_gets_a_step_per_update(
@@ -58,7 +52,7 @@ def test_a_loop_over_its_own_loader_logging_after_the_update_gets_a_step_per_upd
             with torch.no_grad():  # an evaluation between updates opens no step
                 model(x)
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == list(range(20))
     assert [s["opt_step"] for s in steps] == list(range(1, 21))
     assert [s["loss"] for s in steps] == losses
@@ -85,7 +79,7 @@ def test_gradient_accumulation_without_marks_is_a_step_per_update(run_root: Path
             opt.zero_grad()
             per_update.append(loss.item())
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == list(range(1, 7))
     assert [s["loss"] for s in steps] == pytest.approx(per_update)  # each step's last micro-batch's
 
@@ -104,7 +98,7 @@ def test_a_loop_that_marks_its_steps_at_the_bottom_is_left_as_it_marks_them(
         opt.step()
         watch.step()  # the boundary after this update: the loop's first comes after its first update
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == list(range(1, 11))
     assert all(type(s["loss"]) is float for s in steps)
     assert UNMARKED not in capsys.readouterr().err
@@ -129,7 +123,7 @@ def test_a_model_called_by_its_parts_without_marks_gets_a_step_per_update(run_ro
         opt.step()
         watch.log(loss=loss)
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     # A model without a forward of its own is watched by its parts from the start: the first part's forward after an
     # update opens the next step, the second part's is in it.
     assert [s["opt_step"] for s in steps] == list(range(1, 13))
@@ -162,7 +156,7 @@ def test_a_model_with_a_forward_whose_parts_the_loop_calls_without_marks_gets_a_
         watch.log(loss=loss.item())
         losses.append(loss.item())
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["step"] for s in steps] == list(range(8))
     assert [s["opt_step"] for s in steps] == list(range(1, 9))
     assert [s["loss"] for s in steps] == losses
@@ -204,7 +198,7 @@ def test_several_optimizers_without_marks_are_told_to_mark_their_steps(
     said = [line for line in capsys.readouterr().err.splitlines() if UNMARKED in line]
     if marks:
         assert said == []
-        assert len(_steps(watch)) == 6
+        assert len(watch_steps(watch)) == 6
     else:
         assert len(said) == 1
         assert "call watch.step() where each step begins" in said[0]
@@ -240,7 +234,7 @@ def test_a_loop_without_an_optimizer_or_marks_gets_a_step_per_backward(
         if marks:
             watch.step()
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == [1, 2, 3, 4, 5]
     assert [s["loss"] for s in steps] == pytest.approx(losses)
     assert [s["grad_norm"] for s in steps] == pytest.approx(norms)  # before the clip (0.05 clipped them all)
@@ -272,7 +266,7 @@ def test_a_loop_without_an_optimizer_or_marks_whose_backwards_are_not_seen_is_to
     said = [line for line in capsys.readouterr().err.splitlines() if "the loop marked no steps" in line]
     assert len(said) == 1
     assert "call watch.step() where each step begins" in said[0]
-    assert _steps(watch) == []
+    assert watch_steps(watch) == []
 
 
 def test_an_evaluation_after_an_epoch_is_not_the_compute_of_its_last_step(run_root: Path):
@@ -300,7 +294,7 @@ def test_an_evaluation_after_an_epoch_is_not_the_compute_of_its_last_step(run_ro
         watch.log(val_loss=1.0)  # the evaluation's result: still the epoch's last step's
         bounds.append(first_evaluated - began)
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == [1, 2, 3, 4, 5, 6]
     for last, bound in zip((steps[2], steps[5]), bounds, strict=True):
         assert last["val_loss"] == 1.0
@@ -327,7 +321,7 @@ def test_a_model_trained_in_eval_mode_without_marks_gets_a_step_per_update(run_r
         with torch.no_grad():  # an evaluation between updates is still one
             model(x)
     watch.close()
-    steps = _steps(watch)
+    steps = watch_steps(watch)
     assert [s["opt_step"] for s in steps] == list(range(1, 11))
     assert [s["loss"] for s in steps] == pytest.approx(losses)
     assert {s["training"] for s in steps} == {False}

@@ -314,8 +314,10 @@ def _how_found(model: torch.nn.Module, parts: list[torch.nn.Module], held_apart:
         return f"{type(model).__name__}: the outermost module holding the optimizer's parameters"
     names = ", ".join(type(m).__name__ for m in model.children())
     if parts:
-        return f"ModelOfParts: {names}, the modules one backward trains, each the outermost holding its optimizer's "
-        "parameters"
+        return (
+            f"ModelOfParts: {names}, the modules one backward trains, each the outermost holding its optimizer's "
+            "parameters"
+        )
     return f"ModelOfParts: {names}, the modules that hold the optimizer's parameters, which no module holds all of"
 
 
