@@ -1487,6 +1487,8 @@ for x, y in torch.utils.data.DataLoader(data, batch_size=8):
     norms.append(float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])))
     if sys.argv[2] == "norm":
         clip_grad_norm_(model.parameters(), 0.5)
+    elif sys.argv[2] == "deprecated":
+        torch.nn.utils.clip_grad_norm(model.parameters(), 0.5)  # through torch.nn.utils.clip_grad's own name
     else:
         clip_grad_value_(model.parameters(), 0.01)
     opt.step()
@@ -1495,7 +1497,7 @@ json.dump(norms, open(sys.argv[1], "w"))
 """
 
 
-@pytest.mark.parametrize("clip", ["norm", "value"])
+@pytest.mark.parametrize("clip", ["norm", "deprecated", "value"])
 def test_a_script_that_imported_the_clip_by_name_records_every_norm_before_the_clip(
     run_root: Path, socket_dir: Path, tmp_path: Path, clip: str
 ):
@@ -1506,7 +1508,7 @@ def test_a_script_that_imported_the_clip_by_name_records_every_norm_before_the_c
     assert len(steps) == len(norms) == 6
     assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-5)
     assert min(norms) > 5
-    assert [s["grad_norm_clipped"] for s in steps] == ([True] * 6 if clip == "norm" else [None] * 6)
+    assert [s["grad_norm_clipped"] for s in steps] == ([None] * 6 if clip == "value" else [True] * 6)
 
 
 SCRIPTED_AT_THE_END = """

@@ -19,8 +19,8 @@ from torch import nn
 
 import tuiwatch
 
-ORIGINAL = torch.nn.utils.clip_grad_norm_
-ORIGINAL_VALUE = torch.nn.utils.clip_grad_value_
+# Held in a tuple: a Watch rebinds module-level names bound to torch's functions, these included.
+ORIGINALS = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad_value_)
 
 
 def steps_of(watch: tuiwatch.Watch) -> list[dict[str, object]]:
@@ -34,7 +34,7 @@ def test_only_the_watched_models_clip_counts_and_torch_is_itself_again_after(run
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     returned = []
     with tuiwatch.Watch(model, opt, run_dir=run_root, system=False, quiet=True) as watch:
-        assert torch.nn.utils.clip_grad_norm_ is not ORIGINAL
+        assert torch.nn.utils.clip_grad_norm_ is not ORIGINALS[0]
         for x in watch.batches([torch.randn(8, 4) * 50 for _ in range(3)]):
             (model(x).pow(2).mean() + other(x).pow(2).mean()).backward()
             torch.nn.utils.clip_grad_norm_(other.parameters(), 0.5)  # not the watched model's: ignored
@@ -42,7 +42,7 @@ def test_only_the_watched_models_clip_counts_and_torch_is_itself_again_after(run
             opt.step()
             opt.zero_grad()
             other.zero_grad()
-    assert torch.nn.utils.clip_grad_norm_ is ORIGINAL
+    assert torch.nn.utils.clip_grad_norm_ is ORIGINALS[0]
     steps = steps_of(watch)
     assert [s["grad_norm"] for s in steps] == returned  # a generator of parameters, read once, still counted
     assert all(s["grad_norm_clipped"] is True for s in steps)
@@ -94,31 +94,34 @@ def test_a_reference_kept_past_the_watch_and_a_wrapper_over_ours_still_clip(run_
         with tuiwatch.Watch(model, run_dir=run_root, system=False, quiet=True):  # a second Watch: no loop
             assert float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)) > 0
     finally:
-        torch.nn.utils.clip_grad_norm_ = ORIGINAL
+        torch.nn.utils.clip_grad_norm_ = ORIGINALS[0]
     with tuiwatch.Watch(model, run_dir=run_root, system=False, quiet=True):  # theirs gone: wrapped again
-        assert torch.nn.utils.clip_grad_norm_ is not ORIGINAL
-    assert torch.nn.utils.clip_grad_norm_ is ORIGINAL
+        assert torch.nn.utils.clip_grad_norm_ is not ORIGINALS[0]
+    assert torch.nn.utils.clip_grad_norm_ is ORIGINALS[0]
 
 
 ENGINE = """
 from torch.nn.utils import clip_grad_norm_, clip_grad_value_  # bound before any Watch exists
-import torch.nn.utils
-kept = torch.nn.utils.clip_grad_norm_  # a reference under another name: left as it is
+from torch.nn.utils import clip_grad_norm_ as clip_grad_norm  # as public scripts often do
+from torch.nn.utils.clip_grad import clip_grad_norm_ as clip  # the same function, from its own module
 
-def train(watch, model, opt, batches, returned):
+def train(watch, model, opt, batches, returned, how):
+    clipping = {"name": clip_grad_norm_, "alias": clip_grad_norm, "module": clip}[how]
     for x in watch.batches(batches):
         model(x).pow(2).mean().backward()
-        returned.append(float(clip_grad_norm_(model.parameters(), 1.0)))
+        returned.append(float(clipping(model.parameters(), 1.0)))
         opt.step()
         opt.zero_grad()
 """
 
 
-def test_a_loop_that_imported_the_clip_by_name_before_its_watch_records_the_norm_before_it(
-    run_root: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("how", ["name", "alias", "module"])
+def test_a_loop_that_imported_the_clip_before_its_watch_records_the_norm_before_it(
+    run_root: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ):
     # The loop in a module of its own (an engine.py) that bound torch's function before the Watch put its wrapper
-    # on torch.nn.utils: every step recorded the norm after clipping, 1.0 flat.
+    # on torch.nn.utils: every step recorded the norm after clipping, 1.0 flat. Under its own name it was rebound
+    # before; under another (``import clip_grad_norm_ as clip_grad_norm``) it was not.
     engine = types.ModuleType("engine_of_the_loop")
     monkeypatch.setitem(sys.modules, engine.__name__, engine)
     exec(ENGINE, engine.__dict__)  # noqa: S102 - a module of the loop's, as an import would make it
@@ -127,18 +130,44 @@ def test_a_loop_that_imported_the_clip_by_name_before_its_watch_records_the_norm
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     returned: list[float] = []
     with tuiwatch.Watch(model, opt, run_dir=run_root, system=False, quiet=True) as watch:
-        engine.train(watch, model, opt, [torch.randn(8, 4) * 50 for _ in range(3)], returned)
+        engine.train(watch, model, opt, [torch.randn(8, 4) * 50 for _ in range(3)], returned, how)
     steps = steps_of(watch)
     assert min(returned) > 10
     assert [s["grad_norm"] for s in steps] == returned
     assert [s["grad_norm_clipped"] for s in steps] == [True] * 3
-    assert engine.kept is ORIGINAL
-    assert torch.nn.utils.clip_grad_norm_ is ORIGINAL  # torch's own is back; the loop's name keeps the wrapper
-    assert engine.clip_grad_norm_ is not ORIGINAL
-    assert engine.clip_grad_value_ is not ORIGINAL_VALUE
+    assert torch.nn.utils.clip_grad_norm_ is ORIGINALS[0]  # torch's own is back; the loop's names keep the wrapper
+    assert torch.nn.utils.clip_grad.clip_grad_norm_ is ORIGINALS[0]
+    assert ORIGINALS[0] not in (engine.clip_grad_norm_, engine.clip_grad_norm, engine.clip)
+    assert engine.clip_grad_value_ is not ORIGINALS[1]
     model(torch.ones(1, 4)).sum().backward()
     norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
     assert float(engine.clip_grad_norm_(model.parameters(), 1.0)) == norm  # torch's answer, no Watch open
+
+
+def test_torchs_deprecated_clip_grad_norm_and_a_clip_imported_from_its_module_inside_the_loop_count(run_root: Path):
+    # torch.nn.utils.clip_grad_norm (no underscore, deprecated, still in old scripts) calls clip_grad_norm_ through
+    # torch.nn.utils.clip_grad, and a loop may import from there once its Watch is open: both reached torch's own.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    returned = []
+    with tuiwatch.Watch(model, opt, run_dir=run_root, system=False, quiet=True) as watch:
+        for i, x in enumerate(watch.batches([torch.randn(8, 4) * 50 for _ in range(4)])):
+            model(x).pow(2).mean().backward()
+            if i % 2:
+                from torch.nn.utils.clip_grad import clip_grad_norm_
+
+                returned.append(float(clip_grad_norm_(model.parameters(), 1.0)))
+            else:
+                with pytest.warns(FutureWarning, match="deprecated"):
+                    returned.append(float(torch.nn.utils.clip_grad_norm(model.parameters(), 1.0)))
+            opt.step()
+            opt.zero_grad()
+    steps = steps_of(watch)
+    assert min(returned) > 10
+    assert [s["grad_norm"] for s in steps] == returned
+    assert [s["grad_norm_clipped"] for s in steps] == [True] * 4
+    assert torch.nn.utils.clip_grad.clip_grad_norm_ is ORIGINALS[0]
 
 
 def test_a_clip_by_value_leaves_the_step_the_norm_from_before_it(run_root: Path):
@@ -149,7 +178,7 @@ def test_a_clip_by_value_leaves_the_step_the_norm_from_before_it(run_root: Path)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     before, after = [], []
     with tuiwatch.Watch(model, opt, run_dir=run_root, system=False, quiet=True) as watch:
-        assert torch.nn.utils.clip_grad_value_ is not ORIGINAL_VALUE
+        assert torch.nn.utils.clip_grad_value_ is not ORIGINALS[1]
         for x in watch.batches([torch.randn(8, 4) * 50 for _ in range(3)]):
             (model(x).pow(2).mean() + other(x).pow(2).mean()).backward()
             torch.nn.utils.clip_grad_value_(other.parameters(), 0.1)  # not the watched model's: no norm of ours
@@ -162,7 +191,7 @@ def test_a_clip_by_value_leaves_the_step_the_norm_from_before_it(run_root: Path)
             opt.step()
             opt.zero_grad()
             other.zero_grad()
-    assert torch.nn.utils.clip_grad_value_ is ORIGINAL_VALUE
+    assert torch.nn.utils.clip_grad_value_ is ORIGINALS[1]
     steps = steps_of(watch)
     assert [s["grad_norm"] for s in steps] == pytest.approx(before, rel=1e-6)
     assert all(a < b / 10 for a, b in zip(after, before, strict=True))  # what the step used to record
