@@ -1199,17 +1199,18 @@ json.dump(seen, open(sys.argv[1], "w"))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_loader_subclass_whose_init_calls_torchs_iter_runs_and_records_its_ids(
+def test_a_loader_subclass_whose_init_calls_torchs_iter_runs_and_records_its_ids_and_epochs(
     socket_dir: Path, tmp_path: Path, workers: int
 ):
     # timm's MultiEpochsDataLoader keeps super().__iter__() from its __init__; tuiwatch run's wrapper of torch's
     # __iter__ called iter(loader), which is the subclass's own generator: the script failed at its first batch
-    # with "ValueError: generator already executing".
+    # with "ValueError: generator already executing". Its one iterator serves every epoch: each step was epoch 0.
     truth = tmp_path / "seen.json"
     steps = records(run_source(MULTI_EPOCHS, tmp_path, socket_dir, str(truth), str(workers)), "step")
     seen = json.loads(truth.read_text())
     assert len(seen) == len(steps) == 20
     assert [s["batch_ids"] for s in steps[1:]] == seen[1:]  # (step 0's batch came before the Watch)
+    assert [s["epoch"] for s in steps] == [0] * 10 + [1] * 10
 
 
 EVALUATES_ON_ITS_TRAINING_SET = """

@@ -59,9 +59,14 @@ def test_a_loader_under_an_adapter_records_each_steps_ids(run_root: Path, adapte
     model = nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     seen: list[list[int]] = []
+    shuffled = getattr(loader.batch_sampler, "sampler", None)
+    assert shuffled is not None
     with tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
         for _ in range(2):
             for x, y in watch.batches(ADAPTERS[adapter](loader)):
+                # The recorder stands in for the batch sampler all epoch: what the loader's code reads through it
+                # is still the loader's own.
+                assert getattr(loader.batch_sampler, "sampler", None) is shuffled
                 first = x[:, 0] * 0.5 + 0.5 if adapter == "timm" else x[:, 0]  # (timm's normalised)
                 seen.append(first.round().long().tolist())
                 loss = nn.functional.cross_entropy(model(x), y)

@@ -66,7 +66,7 @@ from tuiwatch.publisher.clipping import ClipBeforeTheWatch, unwatch_clipping, wa
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.compiling import uncompiled
 from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
-from tuiwatch.publisher.loader import IndexRecorder, draws_one_ahead, iter_with_ids
+from tuiwatch.publisher.loader import IndexRecorder, draws_one_ahead, epoch_length, iter_with_ids
 from tuiwatch.publisher.optimizers import inner_optimizer, params_of
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch
@@ -370,6 +370,8 @@ class ScriptWatch:
         self.epochs = 0  # training epochs begun: a training loader's first batch of an iteration
         self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
         self._one_ahead: weakref.WeakKeyDictionary[Any, _Ahead] = weakref.WeakKeyDictionary()
+        # The batches an epoch of an iterator that serves every epoch of its loader (loader.epoch_length).
+        self._epoch_lengths: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
         # The datasets whose batches steps trained on. A batch from one drawn while the model is in eval mode may
         # be training's (the Trainer fetches the batches after an evaluation before it calls model.train()) or
@@ -705,6 +707,9 @@ class ScriptWatch:
                 building.active = False
             if recorder is not None:
                 self._recorders[it] = recorder
+            length = epoch_length(loader)
+            if length is not None:
+                self._epoch_lengths[it] = length
             adapter = sys._getframe(1).f_locals.get("self")  # who asked: Accelerate's DataLoaderShard, say
             if draws_one_ahead(adapter, loader):
                 # Each batch is taken when the next is drawn, and the last when the drawing ends (Accelerate also
@@ -726,7 +731,7 @@ class ScriptWatch:
                 recorder = self._recorders.get(it)
                 if recorder is not None:
                     recorder.pop()  # (not kept: an epoch's worth of ids would pile up)
-                if getattr(it, "_num_yielded", None) == 1:
+                if self._begins_epoch(it):
                     self.epochs += 1
                 return batch
             ahead = self._one_ahead.get(it) if self._one_ahead else None
@@ -742,7 +747,7 @@ class ScriptWatch:
             recorder = self._recorders.get(it)
             ids = recorder.pop() if recorder is not None else None
             if ahead is None:
-                self._took(it, batch, ids, wait, getattr(it, "_num_yielded", None) == 1)
+                self._took(it, batch, ids, wait, self._begins_epoch(it))
                 return batch
             if ahead.handed():  # drawing this one is when the adapter hands over the one before
                 self._took(it, ahead.batch, ahead.ids, wait, ahead.first())
@@ -751,6 +756,15 @@ class ScriptWatch:
             return batch
 
         return __next__
+
+    def _begins_epoch(self, it: Any) -> bool:
+        """Whether the batch ``it`` handed out last is an epoch's first: its first, or (an iterator that serves every
+        epoch: YOLOv5's InfiniteDataLoader, timm's MultiEpochsDataLoader) the first after a whole epoch's."""
+        handed = getattr(it, "_num_yielded", None)
+        if handed == 1:
+            return True
+        length = self._epoch_lengths.get(it) if self._epoch_lengths else None
+        return length is not None and handed is not None and (handed - 1) % length == 0
 
     def _took(self, it: Any, batch: Any, ids: list[int] | None, wait: float, first: bool) -> None:
         """The loop was handed ``batch`` after waiting ``wait``: a training step's (or validation's, or skipped)."""

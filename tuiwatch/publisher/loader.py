@@ -20,7 +20,9 @@ class IndexRecorder:
     """Wraps an index sampler and remembers what it yielded, oldest first."""
 
     def __init__(self, sampler: Iterable[Any], *, batches: bool = True):
-        self.sampler = sampler
+        # Not ``self.sampler``: a loader's code reads ``loader.batch_sampler.sampler`` (its BatchSampler's sampler;
+        # YOLOv5's and timm's ``__len__``), which must stay what it was while the recorder stands in.
+        self.recorded = sampler
         # A loader without batching (batch_size=None) asks its dataset for one key at a time: a tuple key is one
         # sample's ((shard, offset)), not several ids. A list is still read as ids: a dataset that fetches a whole
         # batch at once is given its indices as a list.
@@ -31,34 +33,119 @@ class IndexRecorder:
         self.ids.clear()  # a new epoch (persistent workers reuse the iterator)
         ids = self.ids
         if not self.batches:
-            for item in self.sampler:
+            for item in self.recorded:
                 ids.append(None if type(item) is tuple else _as_id_list(item))
                 yield item
             return
-        for item in self.sampler:
-            # A BatchSampler's fresh list of ints (the usual) as it is, after a look at its first id: a custom
-            # batch sampler's list of numpy ints (np.random.permutation sliced) is read as ints.
-            ids.append(item if type(item) is list and (not item or type(item[0]) is int) else _as_id_list(item))
+        for item in self.recorded:
+            ids.append(_batch_ids(item))
             yield item
 
     def __len__(self) -> int:
-        return len(self.sampler)  # type: ignore[arg-type]
+        return len(self.recorded)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         # Whatever else a loader asks of its sampler while the recorder stands in (a set_epoch, a seed) reaches
         # the real one: the recorder must never change what is drawn.
-        if name == "sampler":  # not set yet (a copy being built): no recursion
+        if name == "recorded":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
-        return getattr(self.sampler, name)
+        return getattr(self.recorded, name)
 
     def pop(self) -> list[int] | None:
         return self.ids.popleft() if self.ids else None
+
+
+class DrawRecorder(IndexRecorder):
+    """The ids of a loader's batches where one torch iterator serves every epoch (:func:`epoch_length`), recorded
+    as that iterator draws its indices (it stands in for the iterator's ``_sampler_iter``).
+
+    That iterator was made before the Watch, with the loader's own sampler, and may have drawn batches ahead (its
+    workers' prefetch): each draw is numbered, and a batch gets the ids of the draw with its own number, or none.
+    A batch the script takes from the iterator outside the watched loop shifts nothing.
+    """
+
+    def __init__(self, it: Any, batches: bool):
+        self.draws: Iterator[Any] = it._sampler_iter
+        super().__init__(self.draws, batches=batches)
+        self.it = it
+        # The draws so far: indices sent to the workers, or (one process, no prefetch) the batches handed out.
+        self.drawn: int = getattr(it, "_send_idx", None) or it._num_yielded
+        self.numbers: deque[int] = deque()
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self.draws)
+        self.ids.append(_batch_ids(item) if self.batches else None if type(item) is tuple else _as_id_list(item))
+        self.numbers.append(self.drawn)
+        self.drawn += 1
+        return item
+
+    def pop(self) -> list[int] | None:
+        """The ids of the batch the iterator handed out last."""
+        handed = self.it._num_yielded - 1
+        numbers, ids = self.numbers, self.ids
+        while numbers and numbers[0] < handed:  # drawn for batches taken elsewhere, or before the recording began
+            numbers.popleft()
+            ids.popleft()
+        if numbers and numbers[0] == handed:
+            numbers.popleft()
+            return ids.popleft()
+        return None
+
+
+def epoch_length(loader: Any) -> int | None:
+    """The batches an epoch of a loader whose one torch iterator serves every epoch, so that its workers are not
+    started again each epoch: YOLOv5's and Ultralytics' ``InfiniteDataLoader`` and timm's
+    ``MultiEpochsDataLoader`` (``--use-multi-epochs-loader``), copied into many repositories, make it in their
+    ``__init__`` over a ``_RepeatSampler`` that repeats the real one for ever, and their ``__iter__`` hands out
+    ``len(loader)`` of its batches. None for any other loader."""
+    try:
+        sampler = loader._index_sampler
+        if "RepeatSampler" not in type(sampler).__name__:
+            return None
+        return len(sampler.sampler) or None
+    except Exception:  # not such a loader
+        return None
+
+
+def _held_iterator(loader: Any) -> Any:
+    """The torch iterator an :func:`epoch_length` loader holds (``self.iterator``), or None."""
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    sampler = loader._index_sampler
+    for value in vars(loader).values():
+        if isinstance(value, _BaseDataLoaderIter) and value._index_sampler is sampler:
+            return value
+    return None
+
+
+def _repeating_ids(loader: Any) -> DrawRecorder | None:
+    """The id recorder of an :func:`epoch_length` loader's iterator, put in at the first epoch watched."""
+    if epoch_length(loader) is None or not _recordable(loader):
+        return None
+    held = _held_iterator(loader)
+    if held is None or not hasattr(held, "_sampler_iter"):
+        return None
+    draws = held._sampler_iter
+    if isinstance(draws, DrawRecorder):
+        return draws
+    recorder = DrawRecorder(held, batches=loader._auto_collation)
+    held._sampler_iter = recorder
+    return recorder
 
 
 def ids_of_size(ids: list[int] | None, first: Any) -> list[int] | None:
     """``ids`` where their count is the batch's size (the first dimension of ``first``, its first tensor): a batch
     paired with ids of another size gets none rather than another batch's."""
     return ids if ids is not None and first is not None and first.dim() and len(ids) == first.shape[0] else None
+
+
+def _batch_ids(item: Any) -> list[int] | None:
+    """A batch sampler's item as sample ids: its fresh list of ints (the usual) as it is, after a look at its
+    first id; a custom batch sampler's list of numpy ints (np.random.permutation sliced) read as ints."""
+    return item if type(item) is list and (not item or type(item[0]) is int) else _as_id_list(item)
 
 
 def _as_id_list(item: Any) -> list[int] | None:
@@ -152,7 +239,7 @@ def iter_with_ids(
     finally:
         object.__setattr__(loader, attr, original)
     if getattr(it, "_index_sampler", None) is not recorder:
-        return it, None
+        return it, _repeating_ids(loader)  # (a subclass's generator over the iterator it holds, or no ids)
     return it, recorder
 
 
@@ -171,7 +258,7 @@ def adapter_with_ids(
         return None
     attr = "batch_sampler" if base._auto_collation else "sampler"
     current = getattr(base, attr)
-    original = current.sampler if isinstance(current, IndexRecorder) else current  # an epoch left unfinished
+    original = current.recorded if isinstance(current, IndexRecorder) else current  # an epoch left unfinished
     recorder = IndexRecorder(original, batches=base._auto_collation)
 
     def batches() -> Iterator[Any]:
