@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -37,11 +40,12 @@ def train_on(
     watch: Watch,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    batches: Iterable[Any],
     *,
     clip: float | None = None,
 ) -> None:
-    """A step of a classifier on each of ``batches``, through ``watch.batches()``, its loss logged."""
+    """A step of a classifier on each of ``batches`` (a list, a loader), through ``watch.batches()``, its loss
+    logged."""
     for x, y in watch.batches(batches):
         loss = nn.functional.cross_entropy(model(x), y)
         watch.log(loss=loss)

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tuiwatch
 from tests.helpers import watch_steps
+from tests.publisher.loops import train_on
 
 
 class _RepeatSampler:
@@ -102,12 +103,7 @@ def test_under_a_progress_bar_or_timms_prefetcher_it_trains_with_no_ids_guessed(
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with tuiwatch.Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
         for _ in range(2):
-            for inputs, labels in watch.batches(wrap()):
-                loss = nn.functional.cross_entropy(model(inputs), labels)
-                watch.log(loss=loss)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad()
+            train_on(watch, model, optimizer, wrap())
     steps = watch_steps(watch)
     assert [s["epoch"] for s in steps] == [0] * 4 + [1] * 4
     assert [s["batch_ids"] for s in steps] == [None] * 8  # drawn by an iterator the adapter's recorder is not in
