@@ -66,7 +66,7 @@ from tuiwatch.publisher.clipping import ClipBeforeTheWatch, unwatch_clipping, wa
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.compiling import uncompiled
 from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
-from tuiwatch.publisher.loader import IndexRecorder, draws_one_ahead, epoch_length, iter_with_ids
+from tuiwatch.publisher.loader import IndexRecorder, draws_one_ahead, epoch_length, iter_with_ids, record_draws
 from tuiwatch.publisher.optimizers import inner_optimizer, params_of
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch
@@ -370,7 +370,8 @@ class ScriptWatch:
         self.epochs = 0  # training epochs begun: a training loader's first batch of an iteration
         self._recorders: weakref.WeakKeyDictionary[Any, IndexRecorder] = weakref.WeakKeyDictionary()
         self._one_ahead: weakref.WeakKeyDictionary[Any, _Ahead] = weakref.WeakKeyDictionary()
-        # The batches an epoch of an iterator that serves every epoch of its loader (loader.epoch_length).
+        # The batches an epoch of an iterator that serves every epoch of its loader (loader.epoch_length), from
+        # its first batch.
         self._epoch_lengths: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._building = threading.local()  # inside our own iter(loader): the real __iter__ runs
         # The datasets whose batches steps trained on. A batch from one drawn while the model is in eval mode may
@@ -707,9 +708,6 @@ class ScriptWatch:
                 building.active = False
             if recorder is not None:
                 self._recorders[it] = recorder
-            length = epoch_length(loader)
-            if length is not None:
-                self._epoch_lengths[it] = length
             adapter = sys._getframe(1).f_locals.get("self")  # who asked: Accelerate's DataLoaderShard, say
             if draws_one_ahead(adapter, loader):
                 # Each batch is taken when the next is drawn, and the last when the drawing ends (Accelerate also
@@ -762,6 +760,15 @@ class ScriptWatch:
         epoch: YOLOv5's InfiniteDataLoader, timm's MultiEpochsDataLoader) the first after a whole epoch's."""
         handed = getattr(it, "_num_yielded", None)
         if handed == 1:
+            length = epoch_length(getattr(it, "_index_sampler", None))
+            if length is not None:
+                self._epoch_lengths[it] = length
+                if it not in self._recorders:
+                    # Made some other way than iter(loader), which would have put a recorder in (Ultralytics'
+                    # reset(), at close_mosaic: self.iterator = self._get_iterator()): its next batches' ids.
+                    recorder = record_draws(it)
+                    if recorder is not None:
+                        self._recorders[it] = recorder
             return True
         length = self._epoch_lengths.get(it) if self._epoch_lengths else None
         return length is not None and handed is not None and (handed - 1) % length == 0

@@ -95,23 +95,40 @@ class DrawRecorder(IndexRecorder):
         return None
 
 
-def epoch_length(loader: Any) -> int | None:
-    """The batches an epoch of a loader whose one torch iterator serves every epoch, so that its workers are not
+def epoch_length(sampler: Any) -> int | None:
+    """The batches an epoch where one torch iterator serves every epoch of its loader, so that its workers are not
     started again each epoch: YOLOv5's and Ultralytics' ``InfiniteDataLoader`` and timm's
-    ``MultiEpochsDataLoader`` (``--use-multi-epochs-loader``), copied into many repositories, make it in their
-    ``__init__`` over a ``_RepeatSampler`` that repeats the real one for ever, and their ``__iter__`` hands out
-    ``len(loader)`` of its batches. None for any other loader."""
+    ``MultiEpochsDataLoader`` (``--use-multi-epochs-loader``), copied into many repositories, make it over a
+    ``_RepeatSampler`` that repeats the real one for ever, and their ``__iter__`` hands out ``len(loader)`` of its
+    batches. ``sampler`` is a loader's index sampler or an iterator's (a recorder standing in for it is seen
+    through); None for any other."""
+    if isinstance(sampler, IndexRecorder):
+        sampler = sampler.recorded
+    if "RepeatSampler" not in type(sampler).__name__:
+        return None
     try:
-        sampler = loader._index_sampler
-        if "RepeatSampler" not in type(sampler).__name__:
-            return None
         return len(sampler.sampler) or None
-    except Exception:  # not such a loader
+    except Exception:  # not such a sampler
         return None
 
 
+def record_draws(it: Any) -> DrawRecorder | None:
+    """The :class:`DrawRecorder` of a torch iterator over a map-style dataset that yields in order (put in now, or
+    the one put in before); None for any other."""
+    draws = getattr(it, "_sampler_iter", None)
+    if isinstance(draws, DrawRecorder):
+        return draws
+    from torch.utils.data.dataloader import _DatasetKind
+
+    if draws is None or it._dataset_kind != _DatasetKind.Map or getattr(it, "_in_order", True) is False:
+        return None
+    recorder = DrawRecorder(it, batches=it._auto_collation)
+    it._sampler_iter = recorder
+    return recorder
+
+
 def _held_iterator(loader: Any) -> Any:
-    """The torch iterator an :func:`epoch_length` loader holds (``self.iterator``), or None."""
+    """The torch iterator a loader of :func:`epoch_length`'s holds (``self.iterator``), or None."""
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     sampler = loader._index_sampler
@@ -122,18 +139,12 @@ def _held_iterator(loader: Any) -> Any:
 
 
 def _repeating_ids(loader: Any) -> DrawRecorder | None:
-    """The id recorder of an :func:`epoch_length` loader's iterator, put in at the first epoch watched."""
-    if epoch_length(loader) is None or not _recordable(loader):
+    """The id recorder of the iterator a loader of :func:`epoch_length`'s holds, put in at the first epoch
+    watched."""
+    if epoch_length(loader._index_sampler) is None or not _recordable(loader):
         return None
     held = _held_iterator(loader)
-    if held is None or not hasattr(held, "_sampler_iter"):
-        return None
-    draws = held._sampler_iter
-    if isinstance(draws, DrawRecorder):
-        return draws
-    recorder = DrawRecorder(held, batches=loader._auto_collation)
-    held._sampler_iter = recorder
-    return recorder
+    return None if held is None else record_draws(held)
 
 
 def ids_of_size(ids: list[int] | None, first: Any) -> list[int] | None:
