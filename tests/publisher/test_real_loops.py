@@ -912,6 +912,33 @@ class KeyedRows(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return len(self.rows)
 
 
+def test_a_batchs_parts_that_hold_no_tensor_are_one_null_not_a_list_of_nulls(run_root: Path):
+    # Ultralytics' YOLO batch: its tensors and, per sample, a file name and its original and resized sizes. Each of
+    # those lists was a list of nulls as long as the batch in every step's batch_shape (3.5 KB a line at 64).
+    n = 16
+    batch = {
+        "im_file": [f"images/train/{i}.jpg" for i in range(n)],
+        "ori_shape": [(480, 640)] * n,
+        "ratio_pad": [((1.0, 1.0), (0, 80))] * n,
+        "img": torch.rand(n, 3, 8, 8),
+        "cls": torch.zeros(40, 1),
+        "meta": {"augmented": True, "sources": ["a", "b"]},
+    }
+    model = nn.Sequential(nn.Flatten(), nn.Linear(192, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for b in watch.batches([batch, batch]):
+            loss = model(b["img"]).pow(2).mean()
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    shapes = [s["batch_shape"] for s in watch_steps(watch)]
+    expected = {"im_file": None, "ori_shape": None, "ratio_pad": None, "img": [n, 3, 8, 8], "cls": [40, 1]}
+    expected["meta"] = None
+    assert shapes == [expected, expected]
+
+
 def test_a_samplers_numpy_or_tensor_ids_are_recorded_as_ints_and_named_keys_as_none(run_root: Path):
     # The numpy ints went into batch_ids as they were, and the ledger's encoder refused them: every step record
     # of the run was lost ("publisher degraded"). Keys that are not integers have no place in batch_ids.
