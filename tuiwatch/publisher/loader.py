@@ -34,7 +34,7 @@ class IndexRecorder:
         ids = self.ids
         if not self.batches:
             for item in self.recorded:
-                ids.append(None if type(item) is tuple else _as_id_list(item))
+                ids.append(_key_ids(item))
                 yield item
             return
         for item in self.recorded:
@@ -77,7 +77,7 @@ class DrawRecorder(IndexRecorder):
 
     def __next__(self) -> Any:
         item = next(self.draws)
-        self.ids.append(_batch_ids(item) if self.batches else None if type(item) is tuple else _as_id_list(item))
+        self.ids.append(_batch_ids(item) if self.batches else _key_ids(item))
         self.numbers.append(self.drawn)
         self.drawn += 1
         return item
@@ -157,6 +157,12 @@ def _batch_ids(item: Any) -> list[int] | None:
     """A batch sampler's item as sample ids: its fresh list of ints (the usual) as it is, after a look at its
     first id; a custom batch sampler's list of numpy ints (np.random.permutation sliced) read as ints."""
     return item if type(item) is list and (not item or type(item[0]) is int) else _as_id_list(item)
+
+
+def _key_ids(item: Any) -> list[int] | None:
+    """A sampler's item where the loader does not batch (``batch_size=None``) as sample ids: a tuple is one
+    sample's key (``(shard, offset)``), not several ids."""
+    return None if type(item) is tuple else _as_id_list(item)
 
 
 def _as_id_list(item: Any) -> list[int] | None:
