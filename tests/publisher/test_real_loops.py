@@ -14,10 +14,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 import tuiwatch.publisher.steps as steps_module
 from tuiwatch.analysis.report import as_text, summarize
@@ -937,6 +939,51 @@ def test_a_batchs_parts_that_hold_no_tensor_are_one_null_not_a_list_of_nulls(run
     expected = {"im_file": None, "ori_shape": None, "ratio_pad": None, "img": [n, 3, 8, 8], "cls": [40, 1]}
     expected["meta"] = None
     assert shapes == [expected, expected]
+
+
+class Detector(nn.Module):
+    """A model taken as torchvision's detection models are: a list of images, and in training their targets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(3, 4)
+
+    def forward(self, images: list[torch.Tensor], targets: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        boxes = torch.stack([self.head(image.mean(dim=(1, 2))) for image in images])
+        return {"loss_box_reg": (boxes - torch.stack([t["boxes"][0] for t in targets])).pow(2).mean()}
+
+
+@pytest.mark.parametrize("batch", ["detection", "pairs"])
+def test_a_batch_of_one_tensor_a_sample_counts_its_samples_not_an_images_channels(run_root: Path, batch: str):
+    # torchvision's detection references collate with tuple(zip(*batch)): a tuple of four (3, H, W) images and one
+    # of their targets. The first tensor's first dimension, 3, was taken for the batch's size: 3 examples a step.
+    # A siamese ((x1, x2), y) holds two inputs of len(y) samples each: still len(y).
+    g = torch.Generator().manual_seed(0)
+    samples: Any  # (a list as its dataset)
+    loader: DataLoader[Any]
+    if batch == "detection":
+        samples = [(torch.rand(3, 12, 16, generator=g), {"boxes": torch.rand(1, 4, generator=g)}) for _ in range(8)]
+        loader = DataLoader(samples, batch_size=4, collate_fn=lambda b: tuple(zip(*b, strict=True)))
+        model: nn.Module = Detector()
+    else:
+        samples = [((a, a.flip(0)), a.sum()) for a in torch.rand(8, 3, generator=g)]
+        loader = DataLoader(samples, batch_size=4)
+        model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for inputs, targets in watch.batches(loader):
+            if batch == "detection":
+                loss = sum(model(list(inputs), list(targets)).values())
+            else:
+                loss = (model(inputs[0]) - model(inputs[1])).pow(2).mean() + targets.mean() * 0
+            watch.log(loss=loss)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    steps = watch_steps(watch)
+    assert len(steps) == 2
+    for s in steps:
+        assert math.isclose(s["examples_per_s"], 4 / (s["data_wait_s"] + s["compute_s"]), rel_tol=1e-9)
 
 
 def test_a_samplers_numpy_or_tensor_ids_are_recorded_as_ints_and_named_keys_as_none(run_root: Path):
