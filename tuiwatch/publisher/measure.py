@@ -207,10 +207,15 @@ def _sample_count(batch: list[Any] | tuple[Any, ...]) -> int | None:
     (3, H, W) images and one of dicts. The first tensor's first dimension, the batch's size elsewhere, is an
     image's channels there, and the example rate was 3 where it was 4 a step. Taken only where every other part
     agrees (a sequence of as many, or a tensor with as many rows): a siamese ``((x1, x2), y)`` is two inputs of
-    ``len(y)`` samples each, not two samples.
+    ``len(y)`` samples each, not two samples. And only where its tensors are alike (one rank, one dtype): a
+    batch left as a list of samples (``collate_fn=lambda b: b``) starts with a sample's ``(x, y)``, whose parts
+    are not.
     """
     first = batch[0] if len(batch) > 1 else None  # (one part alone says nothing of what its tensors are)
     if not isinstance(first, list | tuple) or not first or not _all_tensors(first):
+        return None
+    kind = (first[0].dim(), first[0].dtype)
+    if any((t.dim(), t.dtype) != kind for t in first):
         return None
     n = len(first)
     for part in batch[1:]:
