@@ -69,10 +69,11 @@ class HandedIds:
         first = first_tensor(inputs)
         if first is None:
             return None
+        size = int(first.shape[0]) if first.dim() else None
         handed = self._handed
         for index, (ref, ids) in enumerate(handed):
             if ref() is first:
                 for _ in range(index + 1):  # this one, and those handed before it that no forward took
                     handed.popleft()
-                return ids_of_size(ids, first)
+                return ids_of_size(ids, size)
         return None

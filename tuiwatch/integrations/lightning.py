@@ -52,7 +52,7 @@ from tuiwatch.integrations import resumed
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.integrations.metrics import eval_metrics
 from tuiwatch.publisher.loader import IndexRecorder, ids_of_size, iter_with_ids
-from tuiwatch.publisher.measure import first_tensor
+from tuiwatch.publisher.measure import batch_size
 from tuiwatch.publisher.watch import Watch
 
 
@@ -131,7 +131,7 @@ class _Hooks:
     def _batch_ids(self, batch: Any) -> list[int] | None:
         """The ids of ``batch``, the oldest the recorder holds (Lightning draws one batch ahead), when their count
         is the batch's size: anything else (a loop that draws for itself) gets none rather than another's."""
-        return ids_of_size(self._ids.pop() if self._ids is not None else None, first_tensor(batch))
+        return ids_of_size(self._ids.pop() if self._ids is not None else None, batch_size(batch))
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if self._unpatch is not None:

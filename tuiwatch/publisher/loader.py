@@ -147,10 +147,10 @@ def _repeating_ids(loader: Any) -> DrawRecorder | None:
     return None if held is None else record_draws(held)
 
 
-def ids_of_size(ids: list[int] | None, first: Any) -> list[int] | None:
-    """``ids`` where their count is the batch's size (the first dimension of ``first``, its first tensor): a batch
-    paired with ids of another size gets none rather than another batch's."""
-    return ids if ids is not None and first is not None and first.dim() and len(ids) == first.shape[0] else None
+def ids_of_size(ids: list[int] | None, size: int | None) -> list[int] | None:
+    """``ids`` where their count is the batch's ``size`` (``measure.batch_size``): a batch paired with ids of
+    another size gets none rather than another batch's."""
+    return ids if ids is not None and size is not None and len(ids) == size else None
 
 
 def _batch_ids(item: Any) -> list[int] | None:

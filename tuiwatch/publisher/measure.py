@@ -200,6 +200,16 @@ def _shape_and_tensors(
     return parts if len(tensors) > before else None
 
 
+def batch_size(batch: Any) -> int | None:
+    """How many samples ``batch`` holds, as a step record's ``examples_per_s`` counts them (:class:`BatchInfo`):
+    the first dimension of its first tensor, or the count of a first part of one tensor a sample."""
+    samples = _sample_count(batch) if isinstance(batch, list | tuple) else None
+    if samples is not None:
+        return samples
+    first = first_tensor(batch)
+    return int(first.shape[0]) if first is not None and first.dim() else None
+
+
 def _sample_count(batch: list[Any] | tuple[Any, ...]) -> int | None:
     """The sample count of a batch whose first part is a sequence of one tensor a sample, or None.
 
