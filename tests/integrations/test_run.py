@@ -203,6 +203,45 @@ def test_a_script_without_an_optimizer_runs_and_is_told_nothing_was_watched(sock
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_fastai_learner_with_fastais_own_optimizer_is_told_how_to_give_it_a_torch_one(
+    socket_dir: Path, tmp_path: Path
+):
+    # fastai's Learner (2.8, tried by hand) steps fastai.optimizer.Optimizer, its default Adam, which is no torch
+    # optimizer: the line sent its user to the three lines, which cannot go inside Learner.fit. OptimWrapper over a
+    # torch optimizer is fastai's own way to train with one, and tuiwatch run watches that (docs/integrations.md).
+    # fastai is not a test dependency (it brings spaCy): its optimizer module stands in, as it steps by hand.
+    package = tmp_path / "fastai"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "optimizer.py").write_text(
+        "class Optimizer:\n"
+        "    def __init__(self, params, lr):\n"
+        "        self.params, self.lr = list(params), lr\n"
+        "    def step(self):\n"
+        "        for p in self.params:\n"
+        "            p.data.add_(p.grad, alpha=-self.lr)\n"
+    )
+    script = tmp_path / "learner.py"
+    script.write_text(
+        "import torch\n"
+        "from fastai.optimizer import Optimizer\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "opt = Optimizer(model.parameters(), 0.1)\n"
+        "for _ in range(3):\n"
+        "    model.zero_grad()\n"
+        "    model(torch.randn(8, 4)).pow(2).mean().backward()\n"
+        "    opt.step()\n"
+    )
+    done = run([*TUIWATCH, "--run-dir", str(tmp_path / "runs"), str(script)], socket_dir)
+    assert done.returncode == 0
+    assert done.stderr.splitlines()[-1] == (
+        "tuiwatch run: no torch optimizer stepped in this script's process, so nothing was watched; fastai's own "
+        "optimizers are not torch's: a Learner given opt_func=partial(OptimWrapper, opt=torch.optim.AdamW) (from "
+        "fastai.optimizer) steps a torch optimizer, which tuiwatch run watches"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_script_that_fails_before_training_keeps_its_error_and_exit_status_and_gets_no_advice(
     run_root: Path, socket_dir: Path
 ):

@@ -919,6 +919,12 @@ def run_script(
             # the advice below would send its user to the three lines for nothing.
             report(f"tuiwatch run: the script ended (exit status {status}) before any torch optimizer stepped, so "
                    "nothing was watched")  # fmt: skip
+        elif not hooks.declined and "fastai.optimizer" in sys.modules:
+            # fastai's Learner steps an Optimizer of fastai's own (its default opt_func, Adam), not a torch one.
+            report("tuiwatch run: no torch optimizer stepped in this script's process, so nothing was watched; "
+                   "fastai's own optimizers are not torch's: a Learner given opt_func=partial(OptimWrapper, "
+                   "opt=torch.optim.AdamW) (from fastai.optimizer) steps a torch optimizer, which tuiwatch run "
+                   "watches")  # fmt: skip
         elif not hooks.declined:
             # A loop that updates its weights by hand (p.data.add_(p.grad, ...)) has no step to find.
             report("tuiwatch run: no torch optimizer stepped in this script's process, so nothing was watched; a "
