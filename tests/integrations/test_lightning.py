@@ -273,7 +273,7 @@ def test_a_batchs_ids_are_the_recorders_oldest_when_their_count_is_its_size():
         y: torch.Tensor
 
     hooks = TuiwatchCallback()
-    hooks._ids = IndexRecorder([[0, 1], [2, 3], [7, 8], [9, 10], [4, 5, 6]])
+    hooks._ids = IndexRecorder([[0, 1], [2, 3], [7, 8], [9, 10], [11, 12], [4, 5, 6]])
     list(hooks._ids)  # drawn ahead, as Lightning's fetcher does
     assert hooks._batch_ids((torch.zeros(2, 3), torch.zeros(2))) == [0, 1]
     assert hooks._batch_ids({"input_ids": torch.zeros(2, 5), "labels": torch.zeros(2)}) == [2, 3]
@@ -282,5 +282,7 @@ def test_a_batchs_ids_are_the_recorders_oldest_when_their_count_is_its_size():
     # the first tensor's first dimension is an image's channels)
     images = (torch.zeros(3, 4, 4), torch.zeros(3, 4, 4))
     assert hooks._batch_ids((images, ({"boxes": torch.zeros(1, 4)},) * 2)) == [9, 10]
+    ragged = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])  # no shape to read: it raised here
+    assert hooks._batch_ids(ragged) is None
     assert hooks._batch_ids(torch.zeros(2, 3)) is None  # 3 ids for 2 rows: another batch's, so none
     assert hooks._batch_ids(torch.zeros(2, 3)) is None  # none left

@@ -760,15 +760,16 @@ class ScriptWatch:
         epoch: YOLOv5's InfiniteDataLoader, timm's MultiEpochsDataLoader) the first after a whole epoch's."""
         handed = getattr(it, "_num_yielded", None)
         if handed == 1:
-            length = epoch_length(getattr(it, "_index_sampler", None))
-            if length is not None:
-                self._epoch_lengths[it] = length
-                if it not in self._recorders:
-                    # Made some other way than iter(loader), which would have put a recorder in (Ultralytics'
-                    # reset(), at close_mosaic: self.iterator = self._get_iterator()): its next batches' ids.
-                    recorder = record_draws(it)
-                    if recorder is not None:
-                        self._recorders[it] = recorder
+            with contextlib.suppress(Exception):  # (an iterator of another torch's making: epochs as before)
+                length = epoch_length(getattr(it, "_index_sampler", None))
+                if length is not None:
+                    self._epoch_lengths[it] = length
+                    if it not in self._recorders:
+                        # Made some other way than iter(loader), which would have put a recorder in (Ultralytics'
+                        # reset(), at close_mosaic: self.iterator = self._get_iterator()): its next batches' ids.
+                        recorder = record_draws(it)
+                        if recorder is not None:
+                            self._recorders[it] = recorder
             return True
         length = self._epoch_lengths.get(it) if self._epoch_lengths else None
         return length is not None and handed is not None and (handed - 1) % length == 0

@@ -141,10 +141,13 @@ def _held_iterator(loader: Any) -> Any:
 def _repeating_ids(loader: Any) -> DrawRecorder | None:
     """The id recorder of the iterator a loader of :func:`epoch_length`'s holds, put in at the first epoch
     watched."""
-    if epoch_length(loader._index_sampler) is None or not _recordable(loader):
+    try:
+        if epoch_length(loader._index_sampler) is None or not _recordable(loader):
+            return None
+        held = _held_iterator(loader)
+        return None if held is None else record_draws(held)
+    except Exception:  # never the loop's failure: no ids
         return None
-    held = _held_iterator(loader)
-    return None if held is None else record_draws(held)
 
 
 def ids_of_size(ids: list[int] | None, size: int | None) -> list[int] | None:

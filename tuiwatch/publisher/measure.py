@@ -202,12 +202,16 @@ def _shape_and_tensors(
 
 def batch_size(batch: Any) -> int | None:
     """How many samples ``batch`` holds, as a step record's ``examples_per_s`` counts them (:class:`BatchInfo`):
-    the first dimension of its first tensor, or the count of a first part of one tensor a sample."""
-    samples = _sample_count(batch) if isinstance(batch, list | tuple) else None
-    if samples is not None:
-        return samples
-    first = first_tensor(batch)
-    return int(first.shape[0]) if first is not None and first.dim() else None
+    the first dimension of its first tensor, or the count of a first part of one tensor a sample; None where it
+    cannot say (a nested tensor of ragged parts has no shape to read)."""
+    try:
+        samples = _sample_count(batch) if isinstance(batch, list | tuple) else None
+        if samples is not None:
+            return samples
+        first = first_tensor(batch)
+        return int(first.shape[0]) if first is not None and first.dim() else None
+    except Exception:  # never the training's failure: its size is not known
+        return None
 
 
 def _sample_count(batch: list[Any] | tuple[Any, ...]) -> int | None:
