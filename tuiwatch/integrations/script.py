@@ -744,8 +744,14 @@ class ScriptWatch:
             wait = clock() - t0
             recorder = self._recorders.get(it)
             ids = recorder.pop() if recorder is not None else None
+            first = self._begins_epoch(it)
+            if first and self._epoch_lengths and it in self._epoch_lengths:
+                # An iterator that serves every epoch: iter() was not called for this one, so who draws it is asked
+                # here. timm's PrefetchLoader draws one ahead of what it hands the loop; the epoch's last batch is
+                # handed after the drawing, with no draw to tell: its step opens at its forward, without batch facts.
+                ahead = self._ahead_this_epoch(it, sys._getframe(1))
             if ahead is None:
-                self._took(it, batch, ids, wait, self._begins_epoch(it))
+                self._took(it, batch, ids, wait, first)
                 return batch
             if ahead.handed():  # drawing this one is when the adapter hands over the one before
                 self._took(it, ahead.batch, ahead.ids, wait, ahead.first())
@@ -754,6 +760,18 @@ class ScriptWatch:
             return batch
 
         return __next__
+
+    def _ahead_this_epoch(self, it: Any, caller: Any) -> _Ahead | None:
+        """A fresh :class:`_Ahead` for ``it`` when the loader's ``__iter__`` (``caller``, the frame that called
+        ``next()`` on it) is drawn from by an adapter that draws one ahead; else None."""
+        self._one_ahead.pop(it, None)
+        adapter_frame = caller.f_back if caller is not None else None
+        loader = caller.f_locals.get("self") if caller is not None else None
+        adapter = adapter_frame.f_locals.get("self") if adapter_frame is not None else None
+        if loader is None or adapter is None or not draws_one_ahead(adapter, loader):
+            return None
+        ahead = self._one_ahead[it] = _Ahead(skip=0)
+        return ahead
 
     def _begins_epoch(self, it: Any) -> bool:
         """Whether the batch ``it`` handed out last is an epoch's first: its first, or (an iterator that serves every
