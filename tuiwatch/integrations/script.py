@@ -765,10 +765,13 @@ class ScriptWatch:
         """A fresh :class:`_Ahead` for ``it`` when the loader's ``__iter__`` (``caller``, the frame that called
         ``next()`` on it) is drawn from by an adapter that draws one ahead; else None."""
         self._one_ahead.pop(it, None)
-        adapter_frame = caller.f_back if caller is not None else None
-        loader = caller.f_locals.get("self") if caller is not None else None
-        adapter = adapter_frame.f_locals.get("self") if adapter_frame is not None else None
-        if loader is None or adapter is None or not draws_one_ahead(adapter, loader):
+        try:
+            adapter_frame = caller.f_back if caller is not None else None
+            loader = caller.f_locals.get("self") if caller is not None else None
+            adapter = adapter_frame.f_locals.get("self") if adapter_frame is not None else None
+            if loader is None or adapter is None or not draws_one_ahead(adapter, loader):
+                return None
+        except Exception:  # never the loop's failure: taken as drawn by the loop itself
             return None
         ahead = self._one_ahead[it] = _Ahead(skip=0)
         return ahead
