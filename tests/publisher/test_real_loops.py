@@ -953,12 +953,13 @@ class Detector(nn.Module):
         return {"loss_box_reg": (boxes - torch.stack([t["boxes"][0] for t in targets])).pow(2).mean()}
 
 
-@pytest.mark.parametrize("batch", ["detection", "pairs", "samples"])
+@pytest.mark.parametrize("batch", ["detection", "pairs", "two-tasks", "samples"])
 def test_a_batch_of_one_tensor_a_sample_counts_its_samples_not_an_images_channels(run_root: Path, batch: str):
     # torchvision's detection references collate with tuple(zip(*batch)): a tuple of four (3, H, W) images and one
     # of their targets. The first tensor's first dimension, 3, was taken for the batch's size: 3 examples a step.
-    # A siamese ((x1, x2), y) holds two inputs of len(y) samples each: still len(y). A batch left a list of its
-    # samples' (x, y) starts with a sequence of two tensors too, but is not two samples.
+    # A siamese ((x1, x2), y) holds two inputs of len(y) samples each: still len(y), and a two-task
+    # ((x1, x2), (y1, y2)) too. A batch left a list of its samples' (x, y) starts with a sequence of two tensors
+    # too, but is not two samples.
     g = torch.Generator().manual_seed(0)
     samples: Any  # (a list as its dataset)
     loader: DataLoader[Any]
@@ -970,6 +971,10 @@ def test_a_batch_of_one_tensor_a_sample_counts_its_samples_not_an_images_channel
         samples = [((a, a.flip(0)), a.sum()) for a in torch.rand(8, 3, generator=g)]
         loader = DataLoader(samples, batch_size=4)
         model = nn.Linear(3, 1)
+    elif batch == "two-tasks":
+        samples = [((a, a.flip(0)), (a[:1], a[1:2])) for a in torch.rand(8, 3, generator=g)]
+        loader = DataLoader(samples, batch_size=4)
+        model = nn.Linear(3, 1)
     else:
         samples = [(a, torch.tensor(1)) for a in torch.rand(8, 3, generator=g)]
         loader = DataLoader(samples, batch_size=4, collate_fn=lambda b: b)
@@ -979,7 +984,7 @@ def test_a_batch_of_one_tensor_a_sample_counts_its_samples_not_an_images_channel
         for drawn in watch.batches(loader):
             if batch == "detection":
                 loss = sum(model(list(drawn[0]), list(drawn[1])).values())
-            elif batch == "pairs":
+            elif batch in ("pairs", "two-tasks"):
                 loss = (model(drawn[0][0]) - model(drawn[0][1])).pow(2).mean()
             else:
                 loss = model(torch.stack([x for x, _ in drawn])).pow(2).mean()

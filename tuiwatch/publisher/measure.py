@@ -223,21 +223,25 @@ def _sample_count(batch: list[Any] | tuple[Any, ...]) -> int | None:
     agrees (a sequence of as many, or a tensor with as many rows): a siamese ``((x1, x2), y)`` is two inputs of
     ``len(y)`` samples each, not two samples. And only where its tensors are alike (one rank, one dtype): a
     batch left as a list of samples (``collate_fn=lambda b: b``) starts with a sample's ``(x, y)``, whose parts
-    are not.
+    are not. A multi-task ``((x1, x2), (y1, y2))`` agrees in length, but its targets have the inputs' rows: two
+    inputs again.
     """
     first = batch[0] if len(batch) > 1 else None  # (one part alone says nothing of what its tensors are)
     if not isinstance(first, list | tuple) or not first or not _all_tensors(first):
         return None
     kind = (first[0].dim(), first[0].dtype)
-    if any((t.dim(), t.dtype) != kind for t in first):
+    if not kind[0] or any((t.dim(), t.dtype) != kind for t in first):
         return None
     n = len(first)
+    rows = {int(t.shape[0]) for t in first}
     for part in batch[1:]:
         if isinstance(part, torch.Tensor):
             if not part.dim() or part.shape[0] != n:
                 return None
         elif not isinstance(part, list | tuple) or len(part) != n:
             return None
+        elif len(rows) == 1 and _all_tensors(part) and all(t.dim() and t.shape[0] in rows for t in part):
+            return None  # (each of its tensors has the rows the first part's have: batches, not samples)
     return n
 
 
