@@ -19,8 +19,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import tuiwatch
-from tests.helpers import watch_steps
-from tests.publisher.loops import train_on
+
+from ..helpers import watch_steps
+from .loops import train_on
 
 
 class _RepeatSampler:
@@ -94,7 +95,7 @@ def test_under_a_progress_bar_or_timms_prefetcher_it_trains_with_no_ids_guessed(
     # __len__ reads batch_sampler.sampler: the recorder's own sampler (the _RepeatSampler, which has no len())
     # answered, and the run failed at its first batch with a TypeError.
     tqdm = pytest.importorskip("tqdm")
-    from tests.publisher.test_progress_bars import PrefetchLoader
+    from .test_progress_bars import PrefetchLoader
 
     x = torch.randn(32, 4)
     loader = InfiniteDataLoader(TensorDataset(x, torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)
