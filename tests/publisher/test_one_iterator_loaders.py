@@ -9,6 +9,8 @@ made before the Watch, with the loader's own sampler: ``watch.batches(loader)`` 
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import tuiwatch
+from tuiwatch.publisher.loader import record_draws
 
 from ..helpers import watch_steps
 from .loops import train_on
@@ -108,3 +111,18 @@ def test_under_a_progress_bar_or_timms_prefetcher_it_trains_with_no_ids_guessed(
     steps = watch_steps(watch)
     assert [s["epoch"] for s in steps] == [0] * 4 + [1] * 4
     assert [s["batch_ids"] for s in steps] == [None] * 8  # drawn by an iterator the adapter's recorder is not in
+
+
+def test_a_draw_recorder_kept_by_its_iterator_lets_both_go():
+    # tuiwatch run keys each iterator's recorder to it in a WeakKeyDictionary: a recorder holding its iterator
+    # strongly kept the iterator, and with it the loader's workers, for as long as the run's hooks lived.
+    loader = InfiniteDataLoader(TensorDataset(torch.randn(16, 2)), batch_size=4)
+    recorder = record_draws(loader.iterator)
+    assert recorder is not None
+    kept: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary({loader.iterator: recorder})
+    iterator = weakref.ref(loader.iterator)
+    next(iter(loader))
+    del loader, recorder
+    gc.collect()
+    assert iterator() is None
+    assert len(kept) == 0

@@ -11,6 +11,7 @@ so the ids of the next batch are the oldest recorded.
 from __future__ import annotations
 
 import operator
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -67,7 +68,9 @@ class DrawRecorder(IndexRecorder):
     def __init__(self, it: Any, batches: bool):
         self.draws: Iterator[Any] = it._sampler_iter
         super().__init__(self.draws, batches=batches)
-        self.it = it
+        # Weakly: the iterator holds this recorder, and tuiwatch run keys it to the iterator in a WeakKeyDictionary,
+        # whose values must not keep their keys (and an iterator its loader's workers) alive.
+        self.it = weakref.ref(it)
         # The draws so far: indices sent to the workers, or (one process, no prefetch) the batches handed out.
         self.drawn: int = getattr(it, "_send_idx", None) or it._num_yielded
         self.numbers: deque[int] = deque()
@@ -84,7 +87,10 @@ class DrawRecorder(IndexRecorder):
 
     def pop(self) -> list[int] | None:
         """The ids of the batch the iterator handed out last."""
-        handed = self.it._num_yielded - 1
+        it = self.it()
+        if it is None:
+            return None
+        handed = it._num_yielded - 1
         numbers, ids = self.numbers, self.ids
         while numbers and numbers[0] < handed:  # drawn for batches taken elsewhere, or before the recording began
             numbers.popleft()
