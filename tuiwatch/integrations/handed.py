@@ -23,7 +23,7 @@ from typing import Any
 
 from tuiwatch.integrations.loss import wrap_attribute
 from tuiwatch.publisher.loader import adapter_with_ids, ids_of_size
-from tuiwatch.publisher.measure import first_tensor
+from tuiwatch.publisher.measure import batch_size, first_tensor
 
 # Batches handed over and not yet seen at a forward: an accumulation window and the one drawn ahead, with room.
 KEPT = 64
@@ -69,7 +69,7 @@ class HandedIds:
         first = first_tensor(inputs)
         if first is None:
             return None
-        size = int(first.shape[0]) if first.dim() else None
+        size = batch_size(first)
         handed = self._handed
         for index, (ref, ids) in enumerate(handed):
             if ref() is first:

@@ -55,7 +55,7 @@ from tuiwatch.publisher.measure import (
     output_tensor,
     total_norm,
 )
-from tuiwatch.publisher.optimizers import inner_optimizer
+from tuiwatch.publisher.optimizers import inner_optimizer, params_of
 from tuiwatch.publisher.parts import has_forward, model_parts
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.replaced import tell_steps
@@ -564,7 +564,7 @@ class ModelHooks:
             if _unchanged(self._marks[i], optimizer):
                 continue
             self._marks[i] = _gradient_mark(optimizer)
-            params = [p for group in optimizer.param_groups for p in group["params"]]
+            params = params_of(optimizer)
             norm = gradient_norm([p.grad for p in params if p.grad is not None])
             if isinstance(norm, torch.Tensor):
                 norm = norm.item()  # as the step's first check: the one documented sync a step on CUDA

@@ -146,9 +146,9 @@ def _held_iterator(loader: Any) -> Any:
 
 def _repeating_ids(loader: Any) -> DrawRecorder | None:
     """The id recorder of the iterator a loader of :func:`epoch_length`'s holds, put in at the first epoch
-    watched."""
+    watched (``loader`` one that :func:`iter_with_ids` records)."""
     try:
-        if epoch_length(loader._index_sampler) is None or not _recordable(loader):
+        if epoch_length(loader._index_sampler) is None:
             return None
         held = _held_iterator(loader)
         return None if held is None else record_draws(held)
