@@ -4,7 +4,7 @@ On the tiny MLP the publisher thread's Python lands on the step's wall time
 almost one for one: whenever it holds the GIL, the training thread waits at
 the end of its next torch op. A backward releases the GIL for its whole run,
 so a thread that did its work only then would overlap the training thread
-instead of stopping it. Three arms, rotating, on the tiny MLP (2-32-2, batch
+instead of stopping it. Four arms, rotating, on the tiny MLP (2-32-2, batch
 64, one torch thread), each with the same stand-in for the publisher's work
 a record (a step record of a run that learns, fed to the fourteen rules and
 encoded):
@@ -13,7 +13,11 @@ encoded):
 - timer: the thread wakes every 100 ms and takes every record waiting (the
   pipeline's shape);
 - gated: the loop sets an event before ``loss.backward()`` and clears it
-  after; the thread works only while it is set, one record at a time.
+  after; the thread works only while it is set, one record at a time;
+- yielding: the timer's thread, which lets the GIL go after each record
+  (``time.sleep(0)``), so that the training thread waits for one record's
+  work at most, not for a whole batch of them (2026-12-07, fourteenth
+  session).
 
 Prints the added wall and training-thread CPU a step (median over rounds of
 arm - bare in the same round) and the load average at start and end:
@@ -106,13 +110,22 @@ class Gated(Timer):
         self.thread.join()
 
 
+class Yielding(Timer):
+    def run(self) -> None:
+        while not self.stopping:
+            time.sleep(0.1)
+            while self.queue:
+                self.work(self.queue.popleft())
+                time.sleep(0)  # the GIL to whoever waits for it
+
+
 def arm(
     kind: str, batches: list[tuple[torch.Tensor, torch.Tensor]], records: list[dict[str, Any]]
 ) -> tuple[float, float]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    publisher = {"bare": None, "timer": Timer, "gated": Gated}[kind]
+    publisher = {"bare": None, "timer": Timer, "gated": Gated, "yielding": Yielding}[kind]
     thread = publisher(Work(records)) if publisher is not None else None
     wall, cpu = time.perf_counter(), time.thread_time()
     for i, (xb, yb) in enumerate(batches):
@@ -149,12 +162,13 @@ def main() -> None:
         work(i)
     alone = (time.thread_time() - t0) / len(records) * 1e6
     print(f"load average at start {os.getloadavg()[0]:.2f}; the work a record timed alone {alone:.1f} µs")
-    kinds = ["bare", "timer", "gated"]
+    kinds = ["bare", "timer", "gated", "yielding"]
     arm("bare", batches, records)  # warm up
-    added: dict[str, list[tuple[float, float]]] = {"timer": [], "gated": []}
+    added: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds[1:]}
     bare_walls = []
     for r in range(args.rounds):
-        got = {k: arm(k, batches, records) for k in kinds[r % 3 :] + kinds[: r % 3]}
+        shift = r % len(kinds)
+        got = {k: arm(k, batches, records) for k in kinds[shift:] + kinds[:shift]}
         bare_walls.append(got["bare"][0])
         for k in added:
             added[k].append((got[k][0] - got["bare"][0], got[k][1] - got["bare"][1]))
