@@ -75,3 +75,28 @@ def test_an_undone_step_leaves_its_number_to_the_next_and_no_batch_under_it(run_
         assert kept is not None
         assert kept.batch is trained
         assert len(tracker.recent._kept) == 1
+
+
+def test_a_step_waiting_for_the_publisher_thread_holds_no_tensor_on_the_cpu(run_root: Path):
+    """A record waits up to ~250 steps to be built; a tensor it held (the outputs' summed probe did) stayed
+    allocated among every later step's own and fragmented the allocator (docs/performance.md). Its batch is the
+    ring's to hold (dumps.py), not the record's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(64, 2), torch.randint(0, 2, (64,))), batch_size=8)
+    handed: list[object] = []
+    with tuiwatch.Watch(model, opt, name="held", run_dir=run_root, quiet=True, system=False) as watch:
+        watch._pipeline.put = handed.append  # type: ignore[method-assign,assignment]
+        for x, y in watch.batches(loader):
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        del watch._pipeline.put
+    assert len(handed) == 8
+    for s in handed:
+        held = {k: type(v).__name__ for k, v in vars(s).items() if isinstance(v, torch.Tensor)}
+        assert held == {}, f"step {s.step} holds {held}"  # type: ignore[attr-defined]
+        assert s.forward_probe is not None  # type: ignore[attr-defined]  # (its value was read: a number)

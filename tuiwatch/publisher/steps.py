@@ -187,6 +187,10 @@ class StepTracker:
             scale = getattr(self.scaler, "_scale", None)  # the tensor itself: get_scale() would sync on CUDA
             if isinstance(scale, torch.Tensor):
                 s.scale = defer(scale)
+        # The outputs' summed probe is read (forward_probe) and no forward of this step is left to add to it. Held
+        # until the record is built, ~250 steps later, these small tensors fragmented the allocator under every
+        # step's own: 15,000 instructions a step on the tiny MLP (bench/instructions.py).
+        s.output_sum = None
         self.pipeline.put(s)
 
     def discard(self) -> None:
