@@ -51,6 +51,7 @@ from tuiwatch.publisher.measure import (
     NO_BATCH,
     class_count,
     finiteness_probe,
+    flat_normable,
     gradient_norm,
     output_tensor,
     total_norm,
@@ -271,6 +272,7 @@ class ModelHooks:
         self.late_gradients = late_gradients
         self._before_update: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (moving, their copy)
         self._param_cache: tuple[int, list[torch.Tensor]] = (-1, [])
+        self._flat_norms = False  # whether the cached parameters' norms are read as one flat copy (measure.py)
         self._kept_snapshot: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None  # (moving, buffers)
         self._classes_decided = False
         self._classes_waited: int | None = None  # a measured step whose forward went by without its batch
@@ -413,7 +415,9 @@ class ModelHooks:
         else:
             key = sum(len(g["params"]) for o in self._stepping for g in o.param_groups)
         if self._param_cache[0] != key or not self._param_cache[1]:
-            self._param_cache = (key, list(self.model.parameters()))
+            params: list[torch.Tensor] = list(self.model.parameters())
+            self._param_cache = (key, params)
+            self._flat_norms = flat_normable(params)
         return self._param_cache[1]
 
     def clipped(self, params: list[Any], norm: torch.Tensor, max_norm: float | None) -> None:
@@ -539,7 +543,8 @@ class ModelHooks:
         """The step's gradient norm: the one a clip gave, else measured now when the step is recorded or checked."""
         norm = s.grad_norm
         if norm is None and (s.measured or self.checking):
-            norm = gradient_norm([p.grad for p in params if p.grad is not None])
+            flat = self._flat_norms and params is self._param_cache[1]
+            norm = gradient_norm([p.grad for p in params if p.grad is not None], flat)
         return norm
 
     def _measure_gradients(self, s: StepState, params: list[torch.Tensor]) -> None:
@@ -590,7 +595,8 @@ class ModelHooks:
         if not s.measured:
             return
         if (tracker.opt_steps - 1) % self.param_norm_every == 0:
-            s.param_norm = defer_tensor(total_norm(self.params()))
+            params = self.params()
+            s.param_norm = defer_tensor(total_norm(params, self._flat_norms))
         before = self._before_update
         if before is not None:
             self._before_update = None

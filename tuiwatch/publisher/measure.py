@@ -21,21 +21,62 @@ _TOKEN_DTYPES = frozenset(
 )
 # Up to this many tensors, adding per-tensor norms in Python beats stack + norm on the CPU.
 _PYTHON_SUM_MAX = 32
+# Up to this many elements a tensor on average, one flat copy of them all and its dot with itself run fewer
+# instructions than a norm a tensor, whose setup is ~7,000 instructions each: 40,900 against 65,600 for the tiny
+# MLP's 4 gradients (162 elements), 69,500 against 99,100 for 6 of 5,378, 160,400 against 114,600 for the CNN's
+# 6 of 25,600 (bench/instructions.py's way, docs/performance.md).
+FLAT_ELEMENTS_PER_TENSOR = 2048
+_flatten: Callable[[list[torch.Tensor]], torch.Tensor] | None = getattr(torch._C._nn, "flatten_dense_tensors", None)
+# A flat dot's sum of squares is read only between these: float32 squares under them may have lost their digits
+# (an element below ~1e-19) or overflowed (above ~1e19), and those norms are read the exact way instead.
+_SQUARES = (1e-30, 1e30)
 
 
-def total_norm(tensors: Sequence[torch.Tensor]) -> Any:
-    """The 2-norm of all ``tensors`` together: a float (CPU), a device scalar (CUDA), or None."""
+def total_norm(tensors: Sequence[torch.Tensor], flat: bool = False) -> Any:
+    """The 2-norm of all ``tensors`` together: a float (CPU), a device scalar (CUDA), or None. ``flat``: they
+    are such as :func:`flat_normable` takes."""
     if tensors and tensors[0].requires_grad:  # parameters: no autograd graph for a reading
         with torch.no_grad():
-            return gradient_norm(tensors)
+            return gradient_norm(tensors, flat)
     # Gradients (the every-step case): no no_grad() block, which alone cost ~10 µs a step in the loop.
-    return gradient_norm(tensors)
+    return gradient_norm(tensors, flat)
 
 
-def gradient_norm(tensors: Sequence[torch.Tensor]) -> Any:
+def flat_normable(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether ``tensors`` (a model's parameters; their gradients are alike) are normed as one flat copy: few
+    and small dense float tensors of one dtype, on the CPU, and plain ones: a subclass's ops are its own (FSDP's
+    DTensor shards: their flat dot read the whole model's norm, through a collective, where each rank's is its
+    shard's). Asked once a parameter list, not at every step."""
+    if _flatten is None or not tensors or len(tensors) > _PYTHON_SUM_MAX:
+        return False
+    dtype = tensors[0].dtype
+    return (
+        dtype in _WIDE_FLOATS
+        and all(
+            (type(t) is torch.nn.Parameter or type(t) is torch.Tensor)
+            and t.is_cpu
+            and t.layout is torch.strided
+            and t.dtype is dtype
+            for t in tensors
+        )
+        and sum(t.numel() for t in tensors) <= FLAT_ELEMENTS_PER_TENSOR * len(tensors)
+    )
+
+
+def gradient_norm(tensors: Sequence[torch.Tensor], flat: bool = False) -> Any:
     """:func:`total_norm` of tensors that need no autograd graph (gradients: the every-step case)."""
     if not tensors:
         return None
+    if flat and _flatten is not None:
+        try:
+            whole = _flatten(tensors if type(tensors) is list else list(tensors))
+            # (A model moved to a GPU since it was asked: .item() would sync there, the way below does not.)
+            squares = torch.dot(whole, whole).item() if whole.is_cpu else math.nan
+        except RuntimeError:  # (a gradient unlike its parameter: the way below)
+            squares = math.nan
+        if _SQUARES[0] < squares < _SQUARES[1]:
+            return math.sqrt(squares)
+        # Squares out of float32's good range, or a value that is not finite: read exactly (and alike) below.
     try:
         norms: tuple[torch.Tensor, ...] | list[torch.Tensor] = torch._foreach_norm(
             tensors if type(tensors) is list else list(tensors)
