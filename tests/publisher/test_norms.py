@@ -74,6 +74,18 @@ def test_a_value_that_is_not_finite_gives_a_norm_that_is_not(bad: float, check):
     assert check(gradient_norm(tensors, flat=True))
 
 
+def test_a_sparse_gradient_of_a_dense_parameter_is_normed_all_the_same():
+    torch.manual_seed(0)
+    embedding, head = nn.Embedding(10, 3, sparse=True), nn.Linear(3, 1)
+    head(embedding(torch.tensor([1, 2, 2]))).sum().backward()
+    params = [*embedding.parameters(), *head.parameters()]
+    assert flat_normable(params)  # (the parameters are dense: the gradient is not)
+    grads = [p.grad for p in params]
+    assert all(g is not None for g in grads)
+    dense = [g.to_dense() for g in grads if g is not None]
+    assert math.isclose(gradient_norm([g for g in grads if g is not None], flat=True), exact(dense), rel_tol=1e-6)
+
+
 def test_the_parameter_norm_flat_under_no_grad_is_the_norm():
     params = list(tiny().parameters())
     norm = total_norm(params, flat=True)

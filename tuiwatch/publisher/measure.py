@@ -72,7 +72,7 @@ def gradient_norm(tensors: Sequence[torch.Tensor], flat: bool = False) -> Any:
             whole = _flatten(tensors if type(tensors) is list else list(tensors))
             # (A model moved to a GPU since it was asked: .item() would sync there, the way below does not.)
             squares = torch.dot(whole, whole).item() if whole.is_cpu else math.nan
-        except RuntimeError:  # (a gradient unlike its parameter: the way below)
+        except Exception:  # a gradient unlike its parameter (a sparse one): the way below
             squares = math.nan
         if _SQUARES[0] < squares < _SQUARES[1]:
             return math.sqrt(squares)
