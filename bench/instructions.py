@@ -18,7 +18,10 @@ steps is counted:
 
 - bare: the loop alone;
 - floor: the Watch's per-step fields measured by hand (``overhead.floor_loop``);
-- watched: a default Watch (``watch.batches()``, ``watch.log(loss=...)``);
+- watched: a default Watch (``watch.batches()``, ``watch.log(loss=...)``),
+  its publisher thread held still while the steps are counted (that
+  thread's work is the next arm's, and beside the counted one it moved the
+  count by ±12,000 a step);
 - publisher: the publisher thread's work for the watched arm's step records
   (build, rules, encoding, the ledger's append), run on the main thread from
   records captured at the hand-over (``overhead.background_cost``'s way).
