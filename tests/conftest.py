@@ -21,6 +21,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     # tests that press Ctrl-C on a run would wait for nothing. A handler here becomes the default in each child.
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# This process's temporaries (pytest's tmp_path among them) stay where they are: tempfile reads TMPDIR once, and
+# each test sets it for the processes it starts (socket_dir below).
+tempfile.gettempdir()
+
 
 @pytest.fixture(autouse=True)
 def socket_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
@@ -34,8 +38,13 @@ def socket_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="tw-", dir="/tmp"))
     os.chmod(path, 0o700)
     monkeypatch.setenv("TUIWATCH_DIR", str(path))
+    # The processes a test starts make their temporaries in a directory of the test's own, removed after it:
+    # torchrun left a torchelastic_* log directory in /tmp at every launch, ~20 a run of the suite.
+    scratch = tempfile.mkdtemp(prefix="twt-", dir="/tmp")
+    monkeypatch.setenv("TMPDIR", scratch)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
