@@ -42,6 +42,7 @@ import argparse
 import functools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -59,7 +60,9 @@ def count(arm: str, steps: int, tree: Path | None, work: Path) -> int:
     """Instructions the main thread ran in ``steps`` measured steps of ``arm``, under callgrind."""
     flag = work / arm
     out = work / f"{arm}.callgrind"
-    env = dict(os.environ, PYTHONHASHSEED="0")
+    # The arm's run directory goes into work, removed with it; so do valgrind's pipes, which callgrind_control
+    # finds by the same TMPDIR.
+    env = dict(os.environ, PYTHONHASHSEED="0", TMPDIR=str(work))
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     command = [
@@ -86,15 +89,15 @@ def count(arm: str, steps: int, tree: Path | None, work: Path) -> int:
             raise SystemExit(f"the {arm} arm ended before its measured steps: {child.stderr.read()[-2000:]}")
         time.sleep(0.1)
     # Instrumentation is switched on from outside; the child goes on once that is done.
-    subprocess.run(["callgrind_control", "-i", "on", ready.read_text()], check=True, capture_output=True)
+    subprocess.run(["callgrind_control", "-i", "on", ready.read_text()], env=env, check=True, capture_output=True)
     flag.with_suffix(".go").touch()
     _, err = child.communicate()
     if child.returncode != 0:
         raise SystemExit(f"the {arm} arm failed: {err[-2000:]}")
     main_thread = Path(f"{out}-01").read_text(errors="replace")
     found = re.search(r"^totals: (\d+)", main_thread, re.MULTILINE)
-    if found is None:
-        raise SystemExit(f"no totals in {out}-01")
+    if found is None or not int(found.group(1)):
+        raise SystemExit(f"the {arm} arm counted nothing ({out}-01): callgrind_control did not reach it")
     return int(found.group(1))
 
 
@@ -208,8 +211,11 @@ def main() -> None:
     tree = args.tree.resolve() if args.tree else None
     print(f"tuiwatch from {tree or BENCH.parent}; tiny MLP 2-32-2, batch 64, {args.steps} counted steps an arm")
     # Two at a time (the machine's cores): a count does not depend on what else runs.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        counts = dict(zip(arms, pool.map(lambda arm: count(arm, args.steps, tree, work), arms), strict=True))
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            counts = dict(zip(arms, pool.map(lambda arm: count(arm, args.steps, tree, work), arms), strict=True))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # its callgrind files and run directories
     per_step = {arm: n / args.steps for arm, n in counts.items()}
     for arm, n in per_step.items():
         unit = "a record" if arm == "publisher" else "a step"

@@ -510,4 +510,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with tempfile.TemporaryDirectory(prefix="tuiwatch-bench-") as scratch:
+        tempfile.tempdir = scratch  # every run directory of this bench (38 MB a run) is removed at its end
+        main()
