@@ -541,7 +541,7 @@ class Pairs:
 
 
 class Graph:
-    """A batch object of a kind the Watch does not walk (a graph library's ``Batch``)."""
+    """A batch object of a kind the Watch does not walk (a DGL graph, say: PyG's are walked, test_graph_batches.py)."""
 
     def __init__(self, x: torch.Tensor):
         self.x = x

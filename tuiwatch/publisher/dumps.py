@@ -34,7 +34,7 @@ from tuiwatch.ledger.records import AlertRecord, Record
 from tuiwatch.publisher.atomic import Directory
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 from tuiwatch.publisher.environment import environment
-from tuiwatch.publisher.nested import fields_of, tensors
+from tuiwatch.publisher.nested import fields_of, is_graph_data, tensors
 
 DUMP_REASONS = ("nonfinite", "oom", "loss-spike")
 
@@ -118,11 +118,46 @@ def nonfinite_samples(batch: Any, batch_ids: list[int] | None) -> list[int] | No
     """The ids of the samples whose floating tensors hold NaN/inf (rows along the batch dimension)."""
     if batch_ids is None:
         return None
+    if is_graph_data(type(batch)):
+        return _nonfinite_graphs(batch, batch_ids)
     bad = torch.zeros(len(batch_ids), dtype=torch.bool)
     for t in tensors(batch):
         if t.is_floating_point() and t.dim() and t.shape[0] == len(batch_ids):
-            bad |= ~torch.isfinite(t.detach()).reshape(len(batch_ids), -1).all(dim=1).cpu()
+            bad |= _bad_rows(t)
     return [batch_ids[i] for i in bad.nonzero().flatten().tolist()]
+
+
+def _bad_rows(t: torch.Tensor) -> torch.Tensor:
+    return ~torch.isfinite(t.detach()).reshape(t.shape[0], -1).all(dim=1).cpu()
+
+
+def _nonfinite_graphs(batch: Any, batch_ids: list[int]) -> list[int] | None:
+    """The ids of the graphs of a PyTorch Geometric ``Batch`` whose features hold NaN/inf: a node's row belongs to
+    the graph its ``batch`` entry names, an edge's to its source node's graph, a row of a graph-level tensor to
+    that graph (which rows are nodes' and which edges' as PyG reads its own keys). None where the batch does not
+    say which graph a row is of."""
+    try:
+        graph_of_node = batch.batch.detach().cpu()
+        edges = batch.edge_index.detach().cpu()
+        graph_of_edge = graph_of_node[edges[0]]
+        bad = torch.zeros(len(batch_ids), dtype=torch.bool)
+        for name, t in batch.to_dict().items():
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point() or not t.dim():
+                continue
+            rows = _bad_rows(t)
+            if not rows.any():
+                continue
+            if batch.is_node_attr(name):  # (PyG's own reading: by the key and the row count)
+                bad[graph_of_node[rows]] = True
+            elif batch.is_edge_attr(name):
+                bad[graph_of_edge[rows]] = True
+            elif t.shape[0] == len(batch_ids):
+                bad |= rows
+            else:
+                return None
+        return [batch_ids[i] for i in bad.nonzero().flatten().tolist()]
+    except Exception:  # not a Batch of graphs (one graph, a neighbour loader's sample): which is not known
+        return None
 
 
 def write_dump(

@@ -10,7 +10,7 @@ import torch
 
 from tuiwatch.publisher.deferred import defer, number
 from tuiwatch.publisher.late_probes import HELD_BYTES, LateProbes
-from tuiwatch.publisher.nested import fields_of
+from tuiwatch.publisher.nested import fields_of, is_graph_data
 
 _WIDE_FLOATS = (torch.float32, torch.float64)
 # What a batch's first tensor is when it holds token ids: integers, but not uint8 (images) or bool (masks).
@@ -249,6 +249,8 @@ def batch_size(batch: Any) -> int | None:
         samples = _sample_count(batch) if isinstance(batch, list | tuple) else None
         if samples is not None:
             return samples
+        if is_graph_data(type(batch)):
+            return graph_samples(batch)
         first = first_tensor(batch)
         return int(first.shape[0]) if first is not None and first.dim() else None
     except Exception:  # never the training's failure: its size is not known
@@ -286,6 +288,14 @@ def _sample_count(batch: list[Any] | tuple[Any, ...]) -> int | None:
     return n
 
 
+def graph_samples(batch: Any) -> int | None:
+    """The samples of a PyTorch Geometric batch: a ``Batch``'s graphs, or a neighbour loader's seed nodes (its
+    ``batch_size`` both); None for a graph alone. Not its first tensor's rows: those are nodes, or an
+    ``edge_index``'s two."""
+    size = getattr(batch, "batch_size", None)
+    return size if type(size) is int else None
+
+
 def _all_tensors(values: list[Any] | tuple[Any, ...]) -> bool:
     for v in values:  # noqa: SIM110 - a loop: all() over a generator is slower on this path
         if type(v) is not torch.Tensor:
@@ -303,6 +313,7 @@ class BatchInfo:
     """
 
     __slots__ = ("__weakref__", "finite_probe", "held", "nbytes", "overwritten", "seen", "shape", "size", "tokens")
+    shape: Any  # the step record's batch_shape: a list, a dict by name, or None, as the batch is
 
     def __init__(self, batch: Any, late: LateProbes | None = None):
         # Large CPU tensors whose finiteness the publisher thread reads (late_probes.py), and whether a loader wrote
@@ -311,7 +322,7 @@ class BatchInfo:
         self.overwritten = False
         try:
             kind = type(batch)
-            mapping = False
+            mapping = graph = False
             samples = None
             tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]
             if (kind is tuple or kind is list) and _all_tensors(batch):
@@ -322,7 +333,11 @@ class BatchInfo:
                 self.shape = _shape_and_tensors(batch, tensors)
                 shapes = [list(t.shape) for t in tensors[:1]]
                 mapping = isinstance(batch, Mapping)
-                samples = _sample_count(batch) if kind is tuple or kind is list else None
+                if kind is tuple or kind is list:
+                    samples = _sample_count(batch)
+                elif kind is not torch.Tensor and not mapping and is_graph_data(kind):
+                    graph = True  # its size is its own (graph_samples), and its integer tensors are no tokens
+                    samples = graph_samples(batch)
             nbytes = 0
             probe: torch.Tensor | None = None
             first_dtype = None
@@ -344,7 +359,7 @@ class BatchInfo:
             # No tensor found (a batch object of a kind not walked): its finiteness is not known, not "finite".
             self.seen = bool(tensors)
             self.finite_probe: Any = None if probe is None else defer(probe)
-            shape = shapes[0] if shapes else []
+            shape = shapes[0] if shapes and not graph else []
             self.size: int | None = samples if samples is not None else shape[0] if shape else None
             self.tokens: Any = None
             mask = batch.get("attention_mask") if mapping else None
@@ -397,7 +412,7 @@ class BatchInfo:
         except Exception:  # a meta tensor has no value to read
             self.finite_probe = None
         first = _shape_or_none(tensors[0]) if tensors else None
-        self.size = first[0] if first else None
+        self.size = graph_samples(batch) if is_graph_data(type(batch)) else first[0] if first else None
         self.tokens = None
 
 

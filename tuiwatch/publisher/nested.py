@@ -27,7 +27,20 @@ def tensors(obj: Any) -> Iterator[torch.Tensor]:
 
 
 def fields_of(obj: Any) -> dict[str, Any] | None:
-    """A dataclass instance's fields by name (a batch or output class of one's own); None for anything else."""
-    if not hasattr(type(obj), "__dataclass_fields__") or isinstance(obj, type):
-        return None
-    return {f.name: getattr(obj, f.name, None) for f in fields(obj)}
+    """A dataclass instance's fields by name (a batch or output class of one's own), or a PyTorch Geometric graph's
+    attributes (its ``Data``, a loader's ``Batch`` of graphs, ``HeteroData``); None for anything else."""
+    kind = type(obj)
+    if hasattr(kind, "__dataclass_fields__") and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name, None) for f in fields(obj)}
+    if is_graph_data(kind):
+        try:
+            return dict(obj.to_dict())
+        except Exception:  # a graph object of a version that reads otherwise: not walked
+            return None
+    return None
+
+
+def is_graph_data(kind: type) -> bool:
+    """Whether ``kind`` is PyTorch Geometric's graph data (a subclass of its ``BaseData``), told without importing
+    it: its batches are neither sequences nor mappings, and were not walked (no shapes, finiteness or size)."""
+    return any(c.__name__ == "BaseData" and c.__module__ == "torch_geometric.data.data" for c in kind.__mro__)
