@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 from torch import nn
@@ -601,6 +602,70 @@ def test_a_batch_object_whose_tensors_are_not_found_is_not_called_finite(run_roo
     assert [s["batch_shape"] for s in steps] == [None, None]
     assert [s["finite"]["batch"] for s in steps] == [None, None]  # not looked at: not measured, not "finite"
     assert [s["finite"]["forward"] for s in steps] == [True, True]
+
+
+def _collated_with_numpy(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, Any, Any]:
+    """(features, per-sample offsets as a numpy float array, sample indices as a numpy int array): a collate that
+    leaves what it added as numpy."""
+    x = torch.stack([r[0] for r in rows])
+    return x, numpy.asarray([float(r[1]) for r in rows]), numpy.arange(len(rows))
+
+
+def test_a_batch_with_a_part_not_read_that_may_hold_a_nan_is_not_called_finite(run_root: Path):
+    # The tensors alone were summed, and a finite sum was the batch's: a NaN in its numpy part (a DGL graph's
+    # features beside its labels, the same) reached the output, and the alert named the model as the first broken
+    # link, with the advice to look at its layers.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 4, generator=g)
+    offsets = torch.zeros(32)
+    offsets[21] = math.nan  # sample 21: the third batch of 8
+    data = torch.utils.data.TensorDataset(x, offsets)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
+    with pytest.raises(NonFiniteError, match="boundary=forward"), watch:
+        for xb, shift, _ids in watch.batches(
+            torch.utils.data.DataLoader(data, batch_size=8, collate_fn=_collated_with_numpy)
+        ):
+            loss = model(xb + torch.from_numpy(shift).float()[:, None]).square().mean()
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = watch_steps(watch)
+    assert [s["batch_shape"] for s in steps] == [[[8, 4], None, None]] * 3
+    assert [s["finite"]["batch"] for s in steps] == [None, None, None]  # its floats were not read: not known
+    assert [s["finite"]["forward"] for s in steps] == [True, True, False]
+    alert = _alerts(watch)[0]
+    assert (alert["step"], alert["evidence"]["boundary"]) == (2, "forward")
+    assert alert["next_check"].startswith("the model, or the data")  # the batch not claimed finite
+
+
+def test_a_batch_whose_unread_parts_cannot_hold_a_nan_is_still_called_finite_and_a_nan_in_its_tensors_named(
+    run_root: Path,
+):
+    # Text, numbers and integer arrays beside the tensors (file names, sizes, ids) cannot be NaN: the tensors' sum
+    # is the batch's, as before.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
+    with pytest.raises(NonFiniteError, match="boundary=batch"), watch:
+        for step in range(3):
+            x = torch.randn(8, 4)
+            if step == 2:
+                x[3, 1] = math.nan
+            batch = {"x": x, "file": [f"{i}.png" for i in range(8)], "ids": numpy.arange(8), "scale": numpy.float32(2)}
+            watch.step(batch=batch)
+            loss = model(batch["x"]).square().mean()
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = watch_steps(watch)
+    assert [s["finite"]["batch"] for s in steps] == [True, True, False]
+    assert _alerts(watch)[0]["evidence"]["boundary"] == "batch"
 
 
 class Imputing(nn.Module):

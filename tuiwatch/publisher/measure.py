@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import enum
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -219,9 +221,13 @@ def class_count(output: Any, batch: Any = NO_BATCH) -> int | None:
 
 
 def _shape_and_tensors(
-    batch: Any, tensors: list[torch.Tensor], shape: Callable[[torch.Tensor], Any] | None = None
+    batch: Any,
+    tensors: list[torch.Tensor],
+    shape: Callable[[torch.Tensor], Any] | None = None,
+    unread: list[type] | None = None,
 ) -> Any:
-    """The batch with each tensor replaced by its shape (``shape(t)`` where given); collects the tensors on the way.
+    """The batch with each tensor replaced by its shape (``shape(t)`` where given); collects the tensors on the way,
+    and into ``unread`` the kind of each part it does not look into that may hold a NaN.
 
     A part that holds no tensor is None, whatever it holds: an Ultralytics YOLO batch's ``im_file`` (a file name a
     sample), ``ori_shape``, ``resized_shape`` and ``ratio_pad`` were lists of nulls as long as the batch, 3.5 KB of
@@ -234,17 +240,29 @@ def _shape_and_tensors(
     if isinstance(batch, list | tuple):
         # A file name or a number a sample is None without a call: such lists cost 0.5 ms a YOLO batch of 64
         # (im_file, ori_shape, ratio_pad: ~700 calls of this function).
-        parts: Any = [None if type(v) in _LEAVES else _shape_and_tensors(v, tensors, shape) for v in batch]
+        parts: Any = [None if type(v) in _LEAVES else _shape_and_tensors(v, tensors, shape, unread) for v in batch]
     elif type(batch) in _LEAVES:
         return None
     elif isinstance(batch, Mapping):
-        parts = {str(k): _shape_and_tensors(v, tensors, shape) for k, v in batch.items()}
+        parts = {str(k): _shape_and_tensors(v, tensors, shape, unread) for k, v in batch.items()}
     else:
         named = fields_of(batch)  # a batch class of one's own (@dataclass class Batch: x, y): by its fields
         if named is None:
+            if unread is not None and _may_be_nonfinite(batch):
+                unread.append(type(batch))
             return None
-        parts = {k: _shape_and_tensors(v, tensors, shape) for k, v in named.items()}
+        parts = {k: _shape_and_tensors(v, tensors, shape, unread) for k, v in named.items()}
     return parts if len(tensors) > before else None
+
+
+def _may_be_nonfinite(part: Any) -> bool:
+    """Whether a part of a batch the walk does not look into may hold NaN/inf: anything but a number, an enum, or a
+    numpy array of integers, booleans, text or dates (so: a numpy array of floats, a DGL graph, an object of one's
+    own). A batch with such a part is not called finite from its tensors alone."""
+    if isinstance(part, numbers.Number | enum.Enum):  # (numpy's scalars are numbers: as a float is, not read)
+        return False
+    kind = getattr(getattr(part, "dtype", None), "kind", None)
+    return kind not in ("b", "i", "u", "U", "S", "M", "m")
 
 
 def batch_size(batch: Any) -> int | None:
@@ -318,7 +336,18 @@ class BatchInfo:
     read (1-3 µs a batch less than asking each tensor again).
     """
 
-    __slots__ = ("__weakref__", "finite_probe", "held", "nbytes", "overwritten", "seen", "shape", "size", "tokens")
+    __slots__ = (
+        "__weakref__",
+        "finite_probe",
+        "held",
+        "nbytes",
+        "overwritten",
+        "seen",
+        "shape",
+        "size",
+        "tokens",
+        "unread",
+    )
     shape: Any  # the step record's batch_shape: a list, a dict by name, or None, as the batch is
 
     def __init__(self, batch: Any, late: LateProbes | None = None):
@@ -326,6 +355,9 @@ class BatchInfo:
         # another batch into their memory, or the loop changed them, before it did.
         self.held: list[torch.Tensor] | None = None
         self.overwritten = False
+        # A part not looked into that may hold a NaN (_may_be_nonfinite): a finite sum of the tensors is not the
+        # batch's. Until 2026-12-07 a DGL graph's features beside its labels read finite, and their NaN the model's.
+        self.unread = False
         try:
             kind = type(batch)
             mapping = graph = False
@@ -336,7 +368,9 @@ class BatchInfo:
                 self.shape = shapes = [list(t.shape) for t in tensors]
             else:
                 tensors = []
-                self.shape = _shape_and_tensors(batch, tensors)
+                unread: list[type] = []
+                self.shape = _shape_and_tensors(batch, tensors, None, unread)
+                self.unread = bool(unread)
                 shapes = [list(t.shape) for t in tensors[:1]]
                 mapping = isinstance(batch, Mapping)
                 if kind is tuple or kind is list:
@@ -380,20 +414,22 @@ class BatchInfo:
 
     def probe(self) -> Any:
         """The batch's finiteness probe as a number, its held tensors summed now (on the publisher thread, or where
-        a failing step is examined); None where nothing was probed or a held tensor was changed first."""
+        a failing step is examined); None where nothing was probed, a held tensor was changed first, or the sum is
+        finite and a part was not read (a NaN found is one all the same)."""
         held, self.held = self.held, None
         value = number(self.finite_probe)
-        if held is None:
-            return value
-        try:
-            for t in held:
-                v = finiteness_probe(t).item()
-                value = v if value is None else value + v
-        except Exception:  # never the record's failure: this batch's finiteness is not known
-            value = None
-        if self.overwritten:  # (read after the sums: a loader may write while they run)
-            value = None
-        self.finite_probe = value
+        if held is not None:
+            try:
+                for t in held:
+                    v = finiteness_probe(t).item()
+                    value = v if value is None else value + v
+            except Exception:  # never the record's failure: this batch's finiteness is not known
+                value = None
+            if self.overwritten:  # (read after the sums: a loader may write while they run)
+                value = None
+            self.finite_probe = value
+        if self.unread and value is not None and math.isfinite(value):
+            return None
         return value
 
     def _read_tolerantly(self, batch: Any) -> None:
@@ -402,7 +438,9 @@ class BatchInfo:
         nested tensors). Rare, so slow."""
         self.held = None  # what the usual path held before it failed is probed here, at once
         tensors: list[torch.Tensor] = []
-        self.shape = _shape_and_tensors(batch, tensors, _shape_or_none)
+        unread: list[type] = []
+        self.shape = _shape_and_tensors(batch, tensors, _shape_or_none, unread)
+        self.unread = bool(unread)
         self.seen = bool(tensors)
         self.nbytes = sum(_held_bytes(t) for t in tensors)
         probe: Any = None

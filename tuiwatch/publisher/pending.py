@@ -231,10 +231,11 @@ def _no_phases() -> dict[str, float | None]:
 
 def _unprobed(batches: list[BatchInfo]) -> bool | None:
     """The batch boundary of a step whose batches gave no probe: true when they hold no float tensor; null where
-    no tensor was found in one at all (an object whose tensors are not walked: their finiteness is not known),
-    a loader or the loop changed one before it was probed (late_probes.py), or no batch was seen."""
+    no tensor was found in one at all (an object whose tensors are not walked: their finiteness is not known), one
+    has a part not read that may hold a NaN (a numpy array of floats, a DGL graph), a loader or the loop changed
+    one before it was probed (late_probes.py), or no batch was seen."""
     for b in batches:
-        if not b.seen or b.overwritten:
+        if not b.seen or b.overwritten or b.unread:
             return None
     return True if batches else None
 
@@ -254,7 +255,7 @@ def _batch_totals(batches: list[BatchInfo]) -> tuple[int | None, int | None, Any
         None if None in sizes else sum(cast(list[int], sizes)),
         None if None in tokens else int(sum(tokens)),
         # One micro-batch not finite says so; all finite but one changed before its probe is not known.
-        math.nan if not finite else None if not probes or any(b.overwritten for b in batches) else 0.0,
+        math.nan if not finite else None if not probes or any(b.overwritten or b.unread for b in batches) else 0.0,
     )
 
 
