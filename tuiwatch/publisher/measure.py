@@ -251,7 +251,7 @@ def _shape_and_tensors(
             if unread is not None and _may_be_nonfinite(batch):
                 unread.append(type(batch))
             return None
-        parts = {k: _shape_and_tensors(v, tensors, shape, unread) for k, v in named.items()}
+        parts = {str(k): _shape_and_tensors(v, tensors, shape, unread) for k, v in named.items()}  # (HeteroData's)
     return parts if len(tensors) > before else None
 
 
