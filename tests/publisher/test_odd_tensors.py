@@ -9,6 +9,7 @@ read and leaves the rest null.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,42 @@ def test_a_lazy_model_is_watched_before_its_first_forward(run_root: Path, socket
     assert [s["step"] for s in steps] == [0, 1]
     assert steps[0]["grad_norm"] > 0
     assert steps[0]["param_norm"] > 0  # the parameters made by the first forward
+
+
+class Proxy:
+    """A lazy object that raises on any attribute it cannot resolve, as a remote or lazy proxy does."""
+
+    def __getattr__(self, name: str) -> object:
+        raise RuntimeError(f"proxy not connected: {name}")
+
+
+class ClosedStore(Mapping[str, torch.Tensor]):
+    """Features read on demand from a store that has been closed: reading a value raises."""
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        raise RuntimeError(f"feature store closed: {key}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["depth"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("extra", [Proxy, ClosedStore], ids=["proxy", "closed-store"])
+def test_a_batch_part_that_raises_when_looked_into_never_fails_the_step(run_root: Path, extra: type):
+    # A part that raised on the walk raised again on the tolerant walk, out of watch.batches() into the loop.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for x in watch.batches([(torch.randn(8, 4), extra()) for _ in range(3)]):
+            loss = model(x[0]).square().mean()
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = watch_steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2]
+    assert all(s["finite"]["batch"] is None for s in steps)  # a part not read: the batch is not called finite
+    assert all(s["loss"] is not None for s in steps)

@@ -261,7 +261,10 @@ def _may_be_nonfinite(part: Any) -> bool:
     own). A batch with such a part is not called finite from its tensors alone."""
     if isinstance(part, numbers.Number | enum.Enum):  # (numpy's scalars are numbers: as a float is, not read)
         return False
-    kind = getattr(getattr(part, "dtype", None), "kind", None)
+    try:
+        kind = getattr(getattr(part, "dtype", None), "kind", None)
+    except Exception:  # an object that raises on an attribute it lacks (a proxy): what it holds is not known
+        return True
     return kind not in ("b", "i", "u", "U", "S", "M", "m")
 
 
@@ -439,7 +442,10 @@ class BatchInfo:
         self.held = None  # what the usual path held before it failed is probed here, at once
         tensors: list[torch.Tensor] = []
         unread: list[type] = []
-        self.shape = _shape_and_tensors(batch, tensors, _shape_or_none, unread)
+        try:
+            self.shape = _shape_and_tensors(batch, tensors, _shape_or_none, unread)
+        except Exception:  # a part that raises when it is looked into (a property, a proxy): none of it is known
+            self.shape, tensors = None, []
         self.unread = bool(unread)
         self.seen = bool(tensors)
         self.nbytes = sum(_held_bytes(t) for t in tensors)
