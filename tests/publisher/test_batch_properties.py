@@ -1,7 +1,7 @@
 """What a step record says of a batch, over batches of any nesting: never an exception, and never "finite" unseen.
 
 Hypothesis builds batches of lists, tuples, dicts and dataclasses holding
-tensors (with or without a NaN), text and numbers, numpy arrays, and objects
+tensors (with or without a NaN), text, numbers, paths and dates, numpy arrays, and objects
 the walk does not look into, some of which raise when asked anything. The
 batch's finiteness must be false when a float tensor in it holds a NaN, not
 known when a part that may hold one was not read, and true only otherwise.
@@ -9,8 +9,10 @@ known when a part that may hold one was not read, and true only otherwise.
 
 from __future__ import annotations
 
+import datetime
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy
@@ -57,9 +59,14 @@ def tensors() -> st.SearchStrategy[tuple[Any, Truth]]:
 
 
 def leaves() -> st.SearchStrategy[tuple[Any, Truth]]:
-    known = st.one_of(st.none(), st.integers(), st.floats(), st.text(max_size=5), st.booleans()).map(
-        lambda v: (v, Truth())
-    )
+    known = st.one_of(
+        st.none(),
+        st.integers(),
+        st.floats(),
+        st.text(max_size=5),
+        st.booleans(),
+        st.sampled_from([Path("a.png"), datetime.date(2026, 12, 7), torch.float16]),
+    ).map(lambda v: (v, Truth()))
     arrays = st.sampled_from(
         [
             (numpy.arange(3), Truth()),

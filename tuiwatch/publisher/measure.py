@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import enum
 import math
 import numbers
+import os
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +20,19 @@ from tuiwatch.publisher.nested import fields_of, is_graph_data
 _WIDE_FLOATS = (torch.float32, torch.float64)
 # What a batch holds beside its tensors and holds none: a sample's file name, size or scale.
 _LEAVES = frozenset((str, bytes, int, float, bool, type(None)))
+# What a part of a batch not looked into may be and hold no NaN: a sample's number, label, file, time or id.
+_NO_FLOATS = (
+    numbers.Number,
+    enum.Enum,
+    os.PathLike,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    uuid.UUID,
+    torch.dtype,
+    torch.device,
+    range,
+)
 # What a batch's first tensor is when it holds token ids: integers, but not uint8 (images) or bool (masks).
 _TOKEN_DTYPES = frozenset(
     getattr(torch, name)
@@ -256,10 +272,11 @@ def _shape_and_tensors(
 
 
 def _may_be_nonfinite(part: Any) -> bool:
-    """Whether a part of a batch the walk does not look into may hold NaN/inf: anything but a number, an enum, or a
-    numpy array of integers, booleans, text or dates (so: a numpy array of floats, a DGL graph, an object of one's
-    own). A batch with such a part is not called finite from its tensors alone."""
-    if isinstance(part, numbers.Number | enum.Enum):  # (numpy's scalars are numbers: as a float is, not read)
+    """Whether a part of a batch the walk does not look into may hold NaN/inf: anything but a number, an enum, a
+    path, a date or time, an id, a dtype or device, or a numpy array of integers, booleans, text or dates (so: a
+    numpy array of floats, a DGL graph, an object of one's own). A batch with such a part is not called finite
+    from its tensors alone."""
+    if isinstance(part, _NO_FLOATS):  # (numpy's scalars are numbers: as a float is, not read)
         return False
     try:
         kind = getattr(getattr(part, "dtype", None), "kind", None)
