@@ -1,10 +1,11 @@
 """What a step record says of a batch, over batches of any nesting: never an exception, and never "finite" unseen.
 
 Hypothesis builds batches of lists, tuples, dicts and dataclasses holding
-tensors (with or without a NaN), text, numbers, paths and dates, numpy arrays, and objects
-the walk does not look into, some of which raise when asked anything. The
-batch's finiteness must be false when a float tensor in it holds a NaN, not
-known when a part that may hold one was not read, and true only otherwise.
+tensors (with or without a NaN), text, numbers, paths and dates, numpy
+arrays, and objects the walk does not look into, some of which raise when
+asked anything. The batch's finiteness must be false when a float tensor or
+a numpy array of floats in it holds a NaN, not known when a part that may
+hold one was not read, and true only otherwise.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def leaves() -> st.SearchStrategy[tuple[Any, Truth]]:
         [
             (numpy.arange(3), Truth()),
             (numpy.array(["a.png", "b.png"]), Truth()),
-            (numpy.zeros(3), Truth(unread=True)),
+            (numpy.zeros(3), Truth(floats=True)),  # (summed by numpy)
+            (numpy.array([1.0, math.nan]), Truth(nan=True, floats=True)),
+            (numpy.array([1 + 2j]), Truth(unread=True)),  # (a complex array is not summed)
             (numpy.float32(1.5), Truth()),
         ]
     )

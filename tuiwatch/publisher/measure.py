@@ -240,10 +240,10 @@ def _shape_and_tensors(
     batch: Any,
     tensors: list[torch.Tensor],
     shape: Callable[[torch.Tensor], Any] | None = None,
-    unread: list[type] | None = None,
+    unread: list[Any] | None = None,
 ) -> Any:
     """The batch with each tensor replaced by its shape (``shape(t)`` where given); collects the tensors on the way,
-    and into ``unread`` the kind of each part it does not look into that may hold a NaN.
+    and into ``unread`` each part it does not look into that may hold a NaN.
 
     A part that holds no tensor is None, whatever it holds: an Ultralytics YOLO batch's ``im_file`` (a file name a
     sample), ``ori_shape``, ``resized_shape`` and ``ratio_pad`` were lists of nulls as long as the batch, 3.5 KB of
@@ -265,7 +265,7 @@ def _shape_and_tensors(
         named = fields_of(batch)  # a batch class of one's own (@dataclass class Batch: x, y): by its fields
         if named is None:
             if unread is not None and _may_be_nonfinite(batch):
-                unread.append(type(batch))
+                unread.append(batch)
             return None
         parts = {str(k): _shape_and_tensors(v, tensors, shape, unread) for k, v in named.items()}  # (HeteroData's)
     return parts if len(tensors) > before else None
@@ -274,8 +274,8 @@ def _shape_and_tensors(
 def _may_be_nonfinite(part: Any) -> bool:
     """Whether a part of a batch the walk does not look into may hold NaN/inf: anything but a number, an enum, a
     path, a date or time, an id, a dtype or device, or a numpy array of integers, booleans, text or dates (so: a
-    numpy array of floats, a DGL graph, an object of one's own). A batch with such a part is not called finite
-    from its tensors alone."""
+    numpy array of floats, which _numpy_floats then sums; a DGL graph, an object of one's own, which a batch with
+    such a part leaves unread: it is not called finite from its tensors alone)."""
     if isinstance(part, _NO_FLOATS):  # (numpy's scalars are numbers: as a float is, not read)
         return False
     try:
@@ -283,6 +283,23 @@ def _may_be_nonfinite(part: Any) -> bool:
     except Exception:  # an object that raises on an attribute it lacks (a proxy): what it holds is not known
         return True
     return kind not in ("b", "i", "u", "U", "S", "M", "m")
+
+
+def _numpy_floats(parts: list[Any]) -> tuple[float | None, bool]:
+    """The sum of the parts that are numpy arrays of real floats (numpy's own, in float64: a NaN or inf anywhere makes
+    it non-finite), a collate's output left as numpy; and whether a part is left that no sum read."""
+    total: float | None = None
+    left = False
+    for part in parts:
+        try:
+            if type(part).__module__ == "numpy" and part.dtype.kind == "f":
+                value = float(part.sum(dtype="float64"))
+                total = value if total is None else total + value
+                continue
+        except Exception:  # noqa: S110 - an array numpy cannot sum: not read
+            pass
+        left = True
+    return total, left
 
 
 def batch_size(batch: Any) -> int | None:
@@ -381,16 +398,17 @@ class BatchInfo:
         try:
             kind = type(batch)
             mapping = graph = False
-            samples = None
+            samples = arrays = None
             tensors: list[torch.Tensor] | tuple[torch.Tensor, ...]
             if (kind is tuple or kind is list) and _all_tensors(batch):
                 tensors = batch  # the usual (inputs, targets): no walk (~4 µs of an 11 µs probe)
                 self.shape = shapes = [list(t.shape) for t in tensors]
             else:
                 tensors = []
-                unread: list[type] = []
+                unread: list[Any] = []
                 self.shape = _shape_and_tensors(batch, tensors, None, unread)
-                self.unread = bool(unread)
+                if unread:
+                    arrays, self.unread = _numpy_floats(unread)
                 shapes = [list(t.shape) for t in tensors[:1]]
                 mapping = isinstance(batch, Mapping)
                 if kind is tuple or kind is list:
@@ -399,7 +417,7 @@ class BatchInfo:
                     graph = True  # its size is its own (graph_samples), and its integer tensors are no tokens
                     samples = graph_samples(batch)
             nbytes = 0
-            probe: torch.Tensor | None = None
+            probe: Any = None
             first_dtype = None
             for t in tensors:
                 size = t.nbytes
@@ -418,7 +436,10 @@ class BatchInfo:
             self.nbytes = nbytes
             # No tensor found (a batch object of a kind not walked): its finiteness is not known, not "finite".
             self.seen = bool(tensors)
-            self.finite_probe: Any = None if probe is None else defer(probe)
+            if arrays is not None:  # numpy arrays of floats beside (or instead of) the tensors, already summed
+                self.seen = True
+                probe = arrays if probe is None else probe + arrays
+            self.finite_probe: Any = None if probe is None else probe if type(probe) is float else defer(probe)
             shape = shapes[0] if shapes and not graph else []
             self.size: int | None = samples if samples is not None else shape[0] if shape else None
             self.tokens: Any = None
@@ -458,15 +479,15 @@ class BatchInfo:
         nested tensors). Rare, so slow."""
         self.held = None  # what the usual path held before it failed is probed here, at once
         tensors: list[torch.Tensor] = []
-        unread: list[type] = []
+        unread: list[Any] = []
         try:
             self.shape = _shape_and_tensors(batch, tensors, _shape_or_none, unread)
         except Exception:  # a part that raises when it is looked into (a property, a proxy): none of it is known
-            self.shape, tensors = None, []
-        self.unread = bool(unread)
-        self.seen = bool(tensors)
+            self.shape, tensors, unread = None, [], []
+        arrays, self.unread = _numpy_floats(unread)
+        self.seen = bool(tensors) or arrays is not None
         self.nbytes = sum(_held_bytes(t) for t in tensors)
-        probe: Any = None
+        probe: Any = arrays
         for t in tensors:
             try:
                 if t.dtype.is_floating_point:
@@ -475,7 +496,7 @@ class BatchInfo:
             except Exception:  # noqa: S112 - this tensor's finiteness is not measured
                 continue
         try:
-            self.finite_probe = None if probe is None else defer(probe)
+            self.finite_probe = None if probe is None else probe if type(probe) is float else defer(probe)
         except Exception:  # a meta tensor has no value to read
             self.finite_probe = None
         first = _shape_or_none(tensors[0]) if tensors else None

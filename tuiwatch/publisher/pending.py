@@ -232,7 +232,7 @@ def _no_phases() -> dict[str, float | None]:
 def _unprobed(batches: list[BatchInfo]) -> bool | None:
     """The batch boundary of a step whose batches gave no probe: true when they hold no float tensor; null where
     no tensor was found in one at all (an object whose tensors are not walked: their finiteness is not known), one
-    has a part not read that may hold a NaN (a numpy array of floats, a DGL graph), a loader or the loop changed
+    has a part not read that may hold a NaN (a DGL graph, an object of one's own), a loader or the loop changed
     one before it was probed (late_probes.py), or no batch was seen."""
     for b in batches:
         if not b.seen or b.overwritten or b.unread:
