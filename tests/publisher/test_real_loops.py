@@ -655,8 +655,15 @@ def test_a_nan_in_a_batch_part_beside_its_tensors_is_the_datas_or_the_batch_is_n
         assert [s["finite"]["batch"] for s in steps] == [None, None, None]  # a part not read: not known
     alert = _alerts(watch)[0]
     assert (alert["step"], alert["evidence"]["boundary"]) == (2, boundary)
+    dumped = load_dump(alert["evidence"]["dump"])
+    assert isinstance(dumped, Dump)
     if kind == "object":
         assert alert["next_check"].startswith("the model, or the data")  # the batch not claimed finite
+    else:
+        assert alert["evidence"]["nonfinite_sample_ids"] == [21]
+        # The dump holds the arrays' numbers (as tensors: weights_only loads no numpy), not their text.
+        assert torch.isnan(dumped.batch[1][5]).item()
+        assert torch.equal(dumped.batch[2], torch.arange(8))
 
 
 def test_a_batch_whose_unread_parts_cannot_hold_a_nan_is_still_called_finite_and_a_nan_in_its_tensors_named(

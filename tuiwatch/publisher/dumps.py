@@ -34,7 +34,7 @@ from tuiwatch.ledger.records import AlertRecord, Record
 from tuiwatch.publisher.atomic import Directory
 from tuiwatch.publisher.checkpoints import Checkpoint, load_checkpoint
 from tuiwatch.publisher.environment import environment
-from tuiwatch.publisher.nested import fields_of, is_graph_data, tensors
+from tuiwatch.publisher.nested import array_as_tensor, fields_of, is_graph_data, tensors
 
 DUMP_REASONS = ("nonfinite", "oom", "loss-spike")
 
@@ -111,6 +111,8 @@ def _to_cpu(obj: Any) -> Any:
         return obj
     if (named := fields_of(obj)) is not None:  # a batch class of one's own: a dict (weights_only loads no class)
         return _to_cpu(named)
+    if (array := array_as_tensor(obj)) is not None:  # a collate's output left as numpy: its numbers, not its text
+        return array
     return repr(obj)  # what weights_only loading cannot take back is kept as text
 
 
@@ -121,7 +123,7 @@ def nonfinite_samples(batch: Any, batch_ids: list[int] | None) -> list[int] | No
     if is_graph_data(type(batch)):
         return _nonfinite_graphs(batch, batch_ids)
     bad = torch.zeros(len(batch_ids), dtype=torch.bool)
-    for t in tensors(batch):
+    for t in tensors(batch, arrays=True):
         if t.is_floating_point() and t.dim() and t.shape[0] == len(batch_ids):
             bad |= _bad_rows(t)
     return [batch_ids[i] for i in bad.nonzero().flatten().tolist()]

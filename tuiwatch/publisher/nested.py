@@ -9,21 +9,34 @@ from typing import Any
 import torch
 
 
-def tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in ``obj``, in order: inside lists, tuples (named too), mappings, dataclasses and a ``.logits``."""
+def tensors(obj: Any, arrays: bool = False) -> Iterator[torch.Tensor]:
+    """Every tensor in ``obj``, in order: inside lists, tuples (named too), mappings, dataclasses and a ``.logits``;
+    with ``arrays``, its numpy arrays of numbers too, as tensors (copies)."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, list | tuple):
         for v in obj:
-            yield from tensors(v)
+            yield from tensors(v, arrays)
     elif isinstance(obj, Mapping):
         for v in obj.values():
-            yield from tensors(v)
+            yield from tensors(v, arrays)
     elif (named := fields_of(obj)) is not None:
         for v in named.values():
-            yield from tensors(v)
+            yield from tensors(v, arrays)
+    elif arrays and (copy := array_as_tensor(obj)) is not None:
+        yield copy
     elif isinstance(getattr(obj, "logits", None), torch.Tensor):
         yield obj.logits
+
+
+def array_as_tensor(obj: Any) -> torch.Tensor | None:
+    """A numpy array of numbers (booleans, integers, floats) as a tensor of its own; None for anything else."""
+    try:
+        if type(obj).__module__ == "numpy" and obj.dtype.kind in "biuf" and obj.ndim:
+            return torch.tensor(obj)  # (a copy: torch.from_numpy warns of a read-only array, and shares its memory)
+    except Exception:  # noqa: S110 - an array torch cannot hold: left as it is
+        pass
+    return None
 
 
 def fields_of(obj: Any) -> dict[str, Any] | None:
