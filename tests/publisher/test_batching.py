@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import torch
@@ -11,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import tuiwatch
 from tuiwatch.demo.problems import mlp, seeded_problem
 from tuiwatch.publisher.background.buffer import WAKE_AT, RecordBuffer
-from tuiwatch.publisher.dumps import DUMP_LAG, Dump
+from tuiwatch.publisher.dumps import DUMP_LAG, RECENT_BATCH_BYTES, UNSIZED_BATCH_BYTES, Dump
 
 
 def test_the_buffer_wakes_its_thread_once_per_take_when_enough_records_wait():
@@ -100,3 +101,33 @@ def test_a_step_waiting_for_the_publisher_thread_holds_no_tensor_on_the_cpu(run_
         held = {k: type(v).__name__ for k, v in vars(s).items() if isinstance(v, torch.Tensor)}
         assert held == {}, f"step {s.step} holds {held}"  # type: ignore[attr-defined]
         assert s.forward_probe is not None  # type: ignore[attr-defined]  # (its value was read: a number)
+
+
+class Features:
+    """A batch object of one's own that the Watch does not look into (a DGL graph, say), holding 1 MiB."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+
+
+def test_batches_whose_size_is_not_known_are_kept_for_dumps_as_if_large(run_root: Path):
+    # The ring of batches kept for dumps is bounded by 256 batches or 64 MiB; a batch whose tensors were not found
+    # counted 0 bytes, so 256 of them were held whatever they held: 256 MiB here, gigabytes for graphs of features.
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    alive: list[weakref.ref[Features]] = []
+    with tuiwatch.Watch(model, opt, run_dir=run_root, quiet=True, system=False) as watch:
+        for _ in range(100):
+            batch = Features(torch.randn(65_536, 4))  # 1 MiB
+            alive.append(weakref.ref(batch))
+            watch.step(batch=batch)
+            loss = model(batch.x[:8]).square().mean()
+            watch.log(loss=loss)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del batch
+        held = sum(ref() is not None for ref in alive)
+        assert held == RECENT_BATCH_BYTES // UNSIZED_BATCH_BYTES, held  # 16: still more than the dumps' lag
+        assert held > DUMP_LAG

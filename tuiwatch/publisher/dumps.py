@@ -45,6 +45,9 @@ DUMP_REASONS = ("nonfinite", "oom", "loss-spike")
 # loss spike is judged `confirm` steps after its own) would leave.
 RECENT_BATCHES = 256
 RECENT_BATCH_BYTES = 64 << 20
+# What a batch whose size is not known counts for (an object not looked into, a part not read): as a large one, so
+# that at most 16 of them are held, where 256 were whatever they held.
+UNSIZED_BATCH_BYTES = RECENT_BATCH_BYTES // 16
 DUMP_LAG = 8
 
 

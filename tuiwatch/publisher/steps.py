@@ -18,7 +18,7 @@ import torch
 from tuiwatch.ledger.records import RESERVED_METRIC_NAMES
 from tuiwatch.publisher.background.pipeline import Pipeline
 from tuiwatch.publisher.deferred import PendingDuration, defer, defer_tensor, device_mark
-from tuiwatch.publisher.dumps import DUMP_LAG, KeptBatch, RecentBatches
+from tuiwatch.publisher.dumps import DUMP_LAG, UNSIZED_BATCH_BYTES, KeptBatch, RecentBatches
 from tuiwatch.publisher.late_probes import LateProbes
 from tuiwatch.publisher.measure import BatchInfo
 from tuiwatch.publisher.pending import DeviceMemory, EvalState, StepState
@@ -145,7 +145,9 @@ class StepTracker:
         self.keep_batch(s, batch, ids)
 
     def keep_batch(self, s: StepState, batch: Any, ids: list[int] | None) -> None:
-        kept = KeptBatch(s.step, batch, ids, s.batch.nbytes if s.batch is not None else 0)
+        info = s.batch
+        nbytes = 0 if info is None else info.nbytes if info.seen and not info.unread else UNSIZED_BATCH_BYTES
+        kept = KeptBatch(s.step, batch, ids, nbytes)
         self.last_batch = kept
         if s.batch is not None:
             held = self.recent.keep(kept)
