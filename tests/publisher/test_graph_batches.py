@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch_geometric.data import Batch, Data
+from torch_geometric.data import Batch, Data, HeteroData
 from torch_geometric.loader import DataLoader
 from torch_geometric.nn import GCNConv, global_mean_pool
 
@@ -110,3 +110,14 @@ def test_one_graph_has_no_sample_count_and_a_neighbour_loaders_sample_counts_its
     # NeighborLoader's samples are one graph each with the seed nodes first and their count as batch_size.
     graph.batch_size = 2
     assert (BatchInfo(graph).size, batch_size(graph)) == (2, 2)
+
+
+def test_a_heterogeneous_graph_is_read_by_node_and_edge_type():
+    graph = HeteroData()
+    graph["paper"].x = torch.randn(4, 3)
+    graph["paper", "cites", "paper"].edge_index = torch.tensor([[0, 1], [1, 2]])
+    info = BatchInfo(graph)
+    assert info.shape == {"paper": {"x": [4, 3]}, "('paper', 'cites', 'paper')": {"edge_index": [2, 2]}}
+    assert info.probe() == pytest.approx(float(graph["paper"].x.sum()), rel=1e-5)
+    graph["paper"].x[2, 1] = math.nan
+    assert math.isnan(BatchInfo(graph).probe())

@@ -47,7 +47,8 @@ def fields_of(obj: Any) -> dict[str, Any] | None:
         return {f.name: getattr(obj, f.name, None) for f in fields(obj)}
     if is_graph_data(kind):
         try:
-            return dict(obj.to_dict())
+            # (HeteroData's attributes of no node or edge type are under "_global_store": most graphs have none)
+            return {k: v for k, v in obj.to_dict().items() if k != "_global_store" or v}
         except Exception:  # a graph object of a version that reads otherwise: not walked
             return None
     return None
