@@ -27,7 +27,7 @@ from tuiwatch.analysis.report import as_text, summarize
 from tuiwatch.errors import NonFiniteError
 from tuiwatch.ledger.records import Record
 from tuiwatch.publisher.dumps import Dump, load_dump
-from tuiwatch.publisher.measure import NO_BATCH, class_count
+from tuiwatch.publisher.measure import NO_BATCH, BatchInfo, batch_size, class_count
 from tuiwatch.publisher.watch import Watch
 
 from ..helpers import records, watch_steps
@@ -1048,7 +1048,7 @@ def test_a_batch_of_one_tensor_a_sample_counts_its_samples_not_an_images_channel
     # of their targets. The first tensor's first dimension, 3, was taken for the batch's size: 3 examples a step.
     # A siamese ((x1, x2), y) holds two inputs of len(y) samples each: still len(y), and a two-task
     # ((x1, x2), (y1, y2)) too. A batch left a list of its samples' (x, y) starts with a sequence of two tensors
-    # too, but is not two samples.
+    # too, but is not two samples: it is a list of tuples, which torch's collate never makes, and its length.
     g = torch.Generator().manual_seed(0)
     samples: Any  # (a list as its dataset)
     loader: DataLoader[Any]
@@ -1084,11 +1084,18 @@ def test_a_batch_of_one_tensor_a_sample_counts_its_samples_not_an_images_channel
     steps = watch_steps(watch)
     assert len(steps) == 2
     for s in steps:
-        size = s["examples_per_s"] * (s["data_wait_s"] + s["compute_s"])
-        if batch == "samples":
-            assert round(size) != 2  # (not known either way: the first sample's x's length, as before)
-        else:
-            assert math.isclose(size, 4, rel_tol=1e-9)
+        # A batch left as the list of its samples was read by its first sample's first tensor: 3, the length of x.
+        assert math.isclose(s["examples_per_s"] * (s["data_wait_s"] + s["compute_s"]), 4, rel_tol=1e-9)
+
+
+def test_a_batch_left_as_its_samples_counts_them_and_other_lists_keep_their_first_tensors_rows():
+    images = [torch.rand(3, 8, 8) for _ in range(5)]
+    assert BatchInfo([(x, 1) for x in images]).size == 5  # (image, label) tuples: 5 samples, not 3 channels
+    assert BatchInfo([{"image": x, "label": 1} for x in images]).size == 5  # dict samples (HF style)
+    assert batch_size([{"image": x, "label": 1} for x in images]) == 5
+    # Not a list of samples: tuples of different lengths, and torch's own collate of (x, y) pairs (a list of lists).
+    assert BatchInfo([(torch.rand(6, 2), 1), (torch.rand(6, 2),)]).size == 6
+    assert BatchInfo([[torch.rand(6, 2), torch.rand(6, 2)], [torch.rand(6), torch.rand(6)]]).size == 6
 
 
 def test_a_samplers_numpy_or_tensor_ids_are_recorded_as_ints_and_named_keys_as_none(run_root: Path):

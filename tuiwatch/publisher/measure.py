@@ -309,7 +309,7 @@ def batch_size(batch: Any) -> int | None:
     the first dimension of its first tensor, or the count of a first part of one tensor a sample; None where it
     cannot say (a nested tensor of ragged parts has no shape to read)."""
     try:
-        samples = _sample_count(batch) if isinstance(batch, list | tuple) else None
+        samples = _sample_count(batch) or _listed_samples(batch) if isinstance(batch, list | tuple) else None
         if samples is not None:
             return samples
         if is_graph_data(type(batch)):
@@ -349,6 +349,26 @@ def _sample_count(batch: list[Any] | tuple[Any, ...]) -> int | None:
         elif len(rows) == 1 and _all_tensors(part) and all(t.dim() and t.shape[0] in rows for t in part):
             return None  # (each of its tensors has the rows the first part's have: batches, not samples)
     return n
+
+
+def _listed_samples(batch: Any) -> int | None:
+    """The sample count of a batch left as the list of its samples (``collate_fn=lambda b: b``): a list of tuples of
+    one length, or of dicts of one set of keys. torch's collate never makes one (a sample's tuple becomes a list of
+    batched parts, its dict a dict), and the first tensor's first dimension there was a sample's own (an image's 3
+    channels)."""
+    if type(batch) is not list or len(batch) < 2:
+        return None
+    first = batch[0]
+    kind = type(first)
+    if kind is tuple:
+        size = len(first)
+        if all(type(e) is tuple and len(e) == size for e in batch):
+            return len(batch)
+    elif kind is dict:
+        keys = first.keys()
+        if all(type(e) is dict and e.keys() == keys for e in batch):
+            return len(batch)
+    return None
 
 
 def graph_samples(batch: Any) -> int | None:
@@ -416,6 +436,8 @@ class BatchInfo:
                 mapping = isinstance(batch, Mapping)
                 if kind is tuple or kind is list:
                     samples = _sample_count(batch)
+                    if samples is None:
+                        samples = _listed_samples(batch)
                 elif kind is not torch.Tensor and not mapping and is_graph_data(kind):
                     graph = True  # its size is its own (graph_samples), and its integer tensors are no tokens
                     samples = graph_samples(batch)
