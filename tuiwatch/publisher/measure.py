@@ -15,7 +15,7 @@ import torch
 
 from tuiwatch.publisher.deferred import defer, number
 from tuiwatch.publisher.late_probes import HELD_BYTES, LateProbes
-from tuiwatch.publisher.nested import fields_of, is_graph_data
+from tuiwatch.publisher.nested import fields_of, is_graph_data, numpy_kind
 
 _WIDE_FLOATS = (torch.float32, torch.float64)
 # What a batch holds beside its tensors and holds none: a sample's file name, size or scale.
@@ -293,7 +293,7 @@ def _numpy_floats(parts: list[Any]) -> tuple[float | None, int, bool]:
     left = False
     for part in parts:
         try:
-            if type(part).__module__ == "numpy" and part.dtype.kind == "f":
+            if numpy_kind(part) == "f":
                 value = float(part.sum(dtype="float64"))
                 total = value if total is None else total + value
                 nbytes += int(part.nbytes)
@@ -309,7 +309,7 @@ def batch_size(batch: Any) -> int | None:
     the first dimension of its first tensor, or the count of a first part of one tensor a sample; None where it
     cannot say (a nested tensor of ragged parts has no shape to read)."""
     try:
-        samples = _sample_count(batch) or _listed_samples(batch) if isinstance(batch, list | tuple) else None
+        samples = _sample_count(batch) if isinstance(batch, list | tuple) else None
         if samples is not None:
             return samples
         if is_graph_data(type(batch)):
@@ -321,6 +321,13 @@ def batch_size(batch: Any) -> int | None:
 
 
 def _sample_count(batch: list[Any] | tuple[Any, ...]) -> int | None:
+    """The sample count of a list or tuple batch whose first tensor's first dimension is not it (a first part of
+    one tensor a sample, or the samples themselves), or None."""
+    count = _first_part_count(batch)
+    return count if count is not None else _listed_samples(batch)
+
+
+def _first_part_count(batch: list[Any] | tuple[Any, ...]) -> int | None:
     """The sample count of a batch whose first part is a sequence of one tensor a sample, or None.
 
     torchvision's detection references collate with ``tuple(zip(*batch))``: (images, targets), a tuple of
@@ -436,8 +443,6 @@ class BatchInfo:
                 mapping = isinstance(batch, Mapping)
                 if kind is tuple or kind is list:
                     samples = _sample_count(batch)
-                    if samples is None:
-                        samples = _listed_samples(batch)
                 elif kind is not torch.Tensor and not mapping and is_graph_data(kind):
                     graph = True  # its size is its own (graph_samples), and its integer tensors are no tokens
                     samples = graph_samples(batch)

@@ -29,10 +29,19 @@ def tensors(obj: Any, arrays: bool = False) -> Iterator[torch.Tensor]:
         yield obj.logits
 
 
+def numpy_kind(obj: Any) -> str | None:
+    """A numpy array's (or scalar's) dtype kind, told without importing numpy: "f" floats, "i" integers, "b"
+    booleans, "U" text...; None for anything else."""
+    if type(obj).__module__ != "numpy":
+        return None
+    kind = getattr(getattr(obj, "dtype", None), "kind", None)
+    return kind if type(kind) is str else None
+
+
 def array_as_tensor(obj: Any) -> torch.Tensor | None:
     """A numpy array of numbers (booleans, integers, floats) as a tensor of its own; None for anything else."""
     try:
-        if type(obj).__module__ == "numpy" and obj.dtype.kind in "biuf" and obj.ndim:
+        if numpy_kind(obj) in ("b", "i", "u", "f") and obj.ndim:
             return torch.tensor(obj)  # (a copy: torch.from_numpy warns of a read-only array, and shares its memory)
     except Exception:  # noqa: S110 - an array torch cannot hold: left as it is
         pass
