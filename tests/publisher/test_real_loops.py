@@ -26,6 +26,7 @@ import tuiwatch.publisher.steps as steps_module
 from tuiwatch.analysis.report import as_text, summarize
 from tuiwatch.errors import NonFiniteError
 from tuiwatch.ledger.records import Record
+from tuiwatch.microscope.first_nonfinite import first_nonfinite_module
 from tuiwatch.publisher.dumps import Dump, load_dump
 from tuiwatch.publisher.measure import NO_BATCH, BatchInfo, batch_size, class_count
 from tuiwatch.publisher.watch import Watch
@@ -531,6 +532,46 @@ def test_a_nan_from_a_forward_called_past_the_hook_says_the_output_was_not_check
     (alert,) = [a for a in _alerts(watch) if a["rule"] == "nonfinite"]
     assert alert["evidence"]["unchecked"] == ["forward"]
     assert "model.forward(x) in place of model(x)" in alert["next_check"]
+
+
+class LossOnly(nn.Module):
+    """A model that computes its loss inside and returns it alone, as MMEngine's ``BaseModel`` does in its
+    ``mode="loss"``: the output holds no tensor of the model's to check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, mode: str = "loss") -> dict[str, torch.Tensor]:
+        return {"loss": nn.functional.cross_entropy(self.b(torch.log(self.a(x))), y)}
+
+
+def test_a_nan_in_a_model_that_returns_its_loss_alone_names_both_links(run_root: Path):
+    # MMEngine's models return {"loss": ...} in training: a NaN the model made stopped the run with boundary=loss,
+    # and the advice said the forward ran past the Watch's hook, which it had not.
+    torch.manual_seed(0)
+    model = LossOnly()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
+    batch = (torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    with pytest.raises(NonFiniteError), watch:
+        for x, y in watch.batches([batch] * 3):
+            loss = model(x, y, mode="loss")["loss"]
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+    (step,) = watch_steps(watch)
+    assert step["finite"] == {"batch": True, "forward": None, "loss": False, "grad": False, "param": None}
+    (alert,) = [a for a in _alerts(watch) if a["rule"] == "nonfinite"]
+    assert alert["evidence"]["unchecked"] == ["forward"]
+    assert alert["next_check"].startswith("the loss, or the model:")
+    assert "returned its loss alone" in alert["next_check"]
+    # What the advice offers: the dump's batch, replayed, names the layer (the log between a and b is no module:
+    # b's output is the first that holds a NaN).
+    dump = load_dump(alert["evidence"]["dump"])
+    assert isinstance(dump, Dump)
+    site = first_nonfinite_module(model, dump.batch, lambda m, b: m(*b, mode="loss"))
+    assert (site.module, site.batch_finite, site.output_finite) == ("b", True, False)
 
 
 @dataclass

@@ -27,9 +27,10 @@ ADVICE = {
 ADVICE_UNCHECKED = {
     "forward": "the model, or the data: the output is non-finite and its batch was not seen (watch.batches() or "
     "watch.step(batch) gives it); tuiwatch.first_nonfinite_module(model, batch) on a batch of the step names the layer",
-    "loss": "the loss, or the model: the loss is non-finite and the model's output was not checked (its forward ran "
-    "without the Watch's hook: model.forward(x) in place of model(x), or its parts called one by one); "
-    "tuiwatch.first_nonfinite_module(model, batch) on the dump says whether the output was finite",
+    "loss": "the loss, or the model: the loss is non-finite and the model's output was not checked (the model "
+    "returned its loss alone, as MMEngine's and detection models do, or its forward ran without the Watch's hook: "
+    "model.forward(x) in place of model(x), or its parts called one by one); "
+    "tuiwatch.first_nonfinite_module(model, batch) on the dump names the layer that made the first NaN/inf",
     "grad": "the gradients, or the loss: the gradients are non-finite and the loss was not checked "
     "(watch.log(loss=loss) checks it); the lr, clipping, a GradScaler for fp16, custom backward functions",
     "param": "the update, or the gradients: the weights became non-finite and the gradients were not checked; "
