@@ -626,6 +626,39 @@ def test_a_dataclass_batch_is_recorded_and_a_nan_in_it_is_named_the_datas(run_ro
     assert torch.isnan(dumped.batch["x"][5, 2])
 
 
+def test_a_mapping_batch_that_is_no_dict_is_dumped_as_its_tensors(run_root: Path):
+    # Hugging Face's collators return a BatchEncoding (a UserDict, not a dict), as a TensorDict is a Mapping and no
+    # dict: the dump of such a batch held its text, which no replay can use.
+    from transformers import BatchEncoding
+
+    data = torch.randn(40, 4)
+    data[37, 2] = math.nan
+
+    def collate(rows: list[tuple[torch.Tensor, torch.Tensor]]) -> BatchEncoding:
+        return BatchEncoding({"x": torch.stack([r[0] for r in rows]), "y": torch.stack([r[1] for r in rows])})
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watch = Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
+    rows = torch.utils.data.TensorDataset(data, torch.randint(0, 2, (40,)))
+    with pytest.raises(NonFiniteError, match="boundary=batch"), watch:
+        for batch in watch.batches(torch.utils.data.DataLoader(rows, batch_size=8, collate_fn=collate)):
+            loss = nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    alert = _alerts(watch)[0]
+    assert (alert["step"], alert["evidence"]["nonfinite_sample_ids"]) == (4, [37])
+    dumped = load_dump(alert["evidence"]["dump"])
+    assert isinstance(dumped, Dump)
+    assert type(dumped.batch) is dict
+    assert set(dumped.batch) == {"x", "y"}
+    assert torch.isnan(dumped.batch["x"][5, 2])
+    assert torch.equal(dumped.batch["x"][0], data[32])
+
+
 def test_a_batch_object_whose_tensors_are_not_found_is_not_called_finite(run_root: Path):
     torch.manual_seed(0)
     model = nn.Linear(4, 2)

@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -108,7 +108,7 @@ def _to_cpu(obj: Any) -> Any:
         return [_to_cpu(v) for v in obj]
     if isinstance(obj, tuple):  # named tuples too: a plain tuple loads back without their class
         return tuple(_to_cpu(v) for v in obj)
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):  # a dict, and what is not one: a Hugging Face BatchEncoding, a TensorDict
         return {k: _to_cpu(v) for k, v in obj.items()}
     if obj is None or isinstance(obj, int | float | str | bool):
         return obj
