@@ -574,6 +574,48 @@ def test_a_nan_in_a_model_that_returns_its_loss_alone_names_both_links(run_root:
     assert (site.module, site.batch_finite, site.output_finite) == ("b", True, False)
 
 
+class NamedLosses(nn.Module):
+    """A model that returns its loss in parts by name, as MMEngine's detectors do (``loss_cls``, ``loss_bbox``):
+    the classification loss averages over the labelled rows, which a batch may not have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.cls, self.reg = nn.Linear(4, 8), nn.Linear(8, 2), nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.relu(self.body(x))
+        labelled = y >= 0
+        per_row = nn.functional.cross_entropy(self.cls(h), y.clamp(min=0), reduction="none")
+        return {
+            "loss_cls": (per_row * labelled).sum() / labelled.sum(),  # 0/0 for a batch with no label
+            "loss_reg": self.reg(h).pow(2).mean(),
+        }
+
+
+def test_a_nan_in_a_loss_returned_in_parts_by_name_is_not_called_the_models(run_root: Path):
+    # The first float tensor not keyed "loss" was taken for the model's output: loss_cls, a NaN of the loss (no
+    # labelled row: 0/0), was named boundary=forward with "a finite batch gave a non-finite output".
+    torch.manual_seed(0)
+    model = NamedLosses()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 4)
+    batches = [(x, torch.randint(0, 2, (8,))), (x, torch.full((8,), -1))]
+    watch = Watch(model, optimizer, run_dir=run_root, system=False, quiet=True)
+    with pytest.raises(NonFiniteError, match="boundary=loss"), watch:
+        for x, y in watch.batches(batches):
+            loss = sum(model(x, y).values())
+            assert isinstance(loss, torch.Tensor)
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    steps = watch_steps(watch)
+    assert [s["finite"]["forward"] for s in steps] == [None, None]
+    assert steps[1]["finite"]["loss"] is False
+    (alert,) = [a for a in _alerts(watch) if a["rule"] == "nonfinite"]
+    assert (alert["step"], alert["evidence"]["boundary"], alert["evidence"]["unchecked"]) == (1, "loss", ["forward"])
+
+
 @dataclass
 class Pairs:
     """A batch class of one's own, as research code writes them: ``batch.x``, ``batch.y``."""

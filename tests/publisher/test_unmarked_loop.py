@@ -248,6 +248,40 @@ def test_a_loop_without_an_optimizer_or_marks_gets_a_step_per_backward(
     assert not [line for line in said if "the loop marked no steps" in line]
 
 
+class ReturnsItsLoss(nn.Module):
+    def __init__(self, model: nn.Module, key: str):
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {self.key: nn.functional.cross_entropy(self.model(x), y)}
+
+
+@pytest.mark.parametrize("key", ["loss", "loss_cls"])
+def test_a_loop_without_an_optimizer_whose_model_returns_its_loss_alone_gets_a_step_per_backward(
+    run_root: Path, key: str
+):
+    # The backward was told through the model's output tensor, which a model that returns its loss alone (MMEngine's
+    # shape) does not have: no step at all. Told through the loss now.
+    inner, _ = _model()
+    model = ReturnsItsLoss(inner, key)
+    watch = Watch(model, run_dir=run_root, name="manual", system=False, quiet=True)
+    losses = []
+    for x, y in _loader(4):
+        model.zero_grad()
+        loss = model(x, y)[key]
+        watch.log(loss=loss)
+        loss.backward()
+        for p in model.parameters():
+            assert p.grad is not None
+            p.data.add_(p.grad, alpha=-0.1)
+        losses.append(loss.item())
+    watch.close()
+    steps = watch_steps(watch)
+    assert [s["opt_step"] for s in steps] == [1, 2, 3, 4]
+    assert [s["loss"] for s in steps] == pytest.approx(losses)
+
+
 def test_a_loop_without_an_optimizer_or_marks_whose_backwards_are_not_seen_is_told_at_its_end(
     run_root: Path, capsys: pytest.CaptureFixture[str]
 ):

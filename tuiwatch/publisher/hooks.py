@@ -56,6 +56,7 @@ from tuiwatch.publisher.measure import (
     output_tensor,
     total_norm,
 )
+from tuiwatch.publisher.nested import tensors
 from tuiwatch.publisher.optimizers import inner_optimizer, params_of
 from tuiwatch.publisher.parts import has_forward, model_parts
 from tuiwatch.publisher.pending import StepState
@@ -738,7 +739,9 @@ class ModelHooks:
         self._backward_queued = False  # (a backward that raised never ran its callback)
         try:
             out = output if type(output) is torch.Tensor else output_tensor(output)
-            if out is not None and out.requires_grad:
+            if out is None or not out.requires_grad:  # a model that returns its loss alone: the backward is through it
+                out = next((t for t in tensors(output) if t.requires_grad), None)
+            if out is not None:
                 out.register_hook(self._backward_began_weakly)  # type: ignore[no-untyped-call]  # (untyped in torch)
         except Exception:  # noqa: S110 - an output that takes no hook: its backward is not told
             pass

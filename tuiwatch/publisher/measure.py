@@ -157,7 +157,8 @@ def output_tensor(output: Any) -> torch.Tensor | None:
 
     A Hugging Face model given labels returns its loss first (``CausalLMOutput(loss=..., logits=...)``, or
     ``(loss, logits, ...)`` with ``return_dict=False``), and so do models of one's own that return
-    ``{"loss": ..., "logits": ...}``. That loss is the chain's next link, computed inside the model: a batch
+    ``{"loss": ..., "logits": ...}`` (or its parts by name, ``loss_cls``: :func:`_names_a_loss`). That loss is the
+    chain's next link, computed inside the model: a batch
     whose every label is masked (a prompt-only or all-padding batch) gives a NaN loss (0/0) over finite logits,
     which is the loss's failure, not the model's. A sequence has no names: its first tensor with a dimension
     (a loss is a scalar, a model's output has its batch), else its first. Among them a floating one first: a
@@ -187,8 +188,15 @@ def output_tensor(output: Any) -> torch.Tensor | None:
         return logits
     if named is None:
         return first_tensor(output)
-    tensors = [v for k, v in named.items() if k != "loss" and isinstance(v, torch.Tensor)]
+    tensors = [v for k, v in named.items() if not _names_a_loss(k) and isinstance(v, torch.Tensor)]
     return next((v for v in tensors if v.dtype.is_floating_point), tensors[0] if tensors else None)
+
+
+def _names_a_loss(key: Any) -> bool:
+    """Whether an output's key names a loss: ``"loss"``, and the parts of a loss that a model returns by name
+    (MMEngine's ``loss_cls`` and ``loss_bbox``, TorchRL's ``loss_objective``). MMEngine sums as the loss every
+    key that holds "loss"; one of them was taken for the model's output, and the loss's NaN for the model's."""
+    return type(key) is str and "loss" in key.lower()
 
 
 NO_BATCH = object()  # class_count's batch where the step's batch was not seen (a loop without a loader or step(batch=))
