@@ -94,3 +94,19 @@ def test_the_rules_a_run_turned_off_are_said_with_the_reason_it_gave():
     lines = as_text(summary).splitlines()
     assert lines[lines.index("alerts     none") + 1] == f"rules      off: loss-spike, grad-explosion; {note}"
     assert not any(x.startswith("rules") for x in as_text(summarize([{**run, "rules": None}, *steps])).splitlines())
+
+
+def test_one_eval_and_one_nonfinite_step_are_said_in_the_singular_and_a_replayed_alert_is_not_in_the_runs_length():
+    # MMEngine's example stopped at its first NaN: "nonfinite  1 steps". And an alert the rules raise on replay (this
+    # ledger has none written) is made at the report's time: the run's length read "2 in 20.79kd", to today.
+    records: list[dict[str, Any]] = [
+        {"kind": "run", "t": 0.0, "name": "one", "run_id": "r"},
+        {"kind": "step", "t": 1.0, "step": 0, "loss": 1.0, "finite": {"loss": True}},
+        {"kind": "eval", "t": 1.5, "step": 0, "val_loss": 1.0},
+        {"kind": "step", "t": 2.0, "step": 1, "loss": math.nan, "finite": {"loss": False}},
+        {"kind": "end", "t": 2.0, "reason": "nonfinite"},
+    ]
+    lines = as_text(summarize(records)).splitlines()
+    assert "steps      2 in 2.0s, 1 eval" in lines
+    assert "nonfinite  1 step" in lines
+    assert "  nonfinite        critical x1  first at step 1" in lines  # replayed

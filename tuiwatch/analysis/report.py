@@ -41,7 +41,9 @@ def summarize(records: Iterable[Record], skipped: int = 0, chain: RunChain | Non
         summary.add(r)
     for alert in replayed:
         if _alert_key(alert) not in recorded:
-            summary.add(alert)
+            # Made now, not in the run: its time would stretch the run's length to today (a ledger without the
+            # alert its rules raise: a run killed before it was written, a version that did not have the rule).
+            summary.add({**alert, "t": None})
     out = summary.result(chain.skipped if chain is not None else skipped)
     out["resumed"] = [] if chain is None else _resumes(chain)
     return out
@@ -248,6 +250,10 @@ def _span_text(seconds: Any) -> str:
     return f"{value:.1f}s" if value is not None and 0 <= value < 10 else duration(seconds)
 
 
+def _count(n: Any, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _handled_text(steps: Any) -> str:
     return f"; {steps} more with a non-finite batch the model handled" if steps else ""
 
@@ -258,11 +264,11 @@ def as_text(summary: dict[str, Any]) -> str:
         # Every string comes from a ledger, which may come from anywhere: shown literally.
         f"run        {safe(str(summary['name']))} ({safe(str(summary['run_id']))})",
         f"end        {safe(str(summary['end'] or 'no end record (the run was killed or is still going)'))}",
-        f"steps      {summary['steps']} in {_span_text(summary['duration_s'])}, {summary['evals']} evals",
+        f"steps      {summary['steps']} in {_span_text(summary['duration_s'])}, {_count(summary['evals'], 'eval')}",
         _loss_text(summary),
         f"data wait  {_share_text(share, summary['steps'])}",
         f"memory     peak allocated {size(summary['peak_mem_bytes'])}, peak RSS {size(summary['peak_rss_bytes'])}",
-        f"nonfinite  {summary['nonfinite_steps']} steps{_handled_text(summary.get('handled_batch_steps'))}",
+        f"nonfinite  {_count(summary['nonfinite_steps'], 'step')}{_handled_text(summary.get('handled_batch_steps'))}",
     ]
     for name, m in summary.get("eval_metrics", {}).items():
         best = "" if "best" not in m else f", best {number(m['best'])} at step {_step(m['best_step'])}"
