@@ -158,12 +158,12 @@ def output_tensor(output: Any) -> torch.Tensor | None:
     A Hugging Face model given labels returns its loss first (``CausalLMOutput(loss=..., logits=...)``, or
     ``(loss, logits, ...)`` with ``return_dict=False``), and so do models of one's own that return
     ``{"loss": ..., "logits": ...}`` (or its parts by name, ``loss_cls``: :func:`_names_a_loss`). That loss is the
-    chain's next link, computed inside the model: a batch
-    whose every label is masked (a prompt-only or all-padding batch) gives a NaN loss (0/0) over finite logits,
-    which is the loss's failure, not the model's. A sequence has no names: its first tensor with a dimension
-    (a loss is a scalar, a model's output has its batch), else its first. Among them a floating one first: a
-    policy's ``(action, logprob, entropy, value)`` (CleanRL's, Lightning Fabric's PPO agent) starts with the
-    sampled actions, integers with nothing to check, and its output went unchecked.
+    chain's next link, computed inside the model: a batch whose every label is masked (a prompt-only or all-padding
+    batch) gives a NaN loss (0/0) over finite logits, which is the loss's failure, not the model's. A sequence has
+    no names: its first tensor with a dimension (a loss is a scalar, a model's output has its batch), else its
+    first. Among them a floating one first: a policy's ``(action, logprob, entropy, value)`` (CleanRL's, Lightning
+    Fabric's PPO agent) starts with the sampled actions, integers with nothing to check, and its output went
+    unchecked.
     """
     kind = type(output)
     if kind is tuple or kind is list:
