@@ -329,3 +329,80 @@ def test_a_bad_list_of_optimizers_is_refused_in_one_line(run_root: Path, given: 
         Watch(model, given, run_dir=run_root, system=False, quiet=True)  # type: ignore[arg-type]
     assert str(refused.value) == message
     assert not run_root.exists()
+
+
+def _in_backward(model: nn.Module) -> dict[torch.Tensor, torch.optim.Optimizer]:
+    """PyTorch's "optimizer step in backward" recipe: an optimizer a parameter, stepped and zeroed by the parameter's
+    post-accumulate-grad hook as soon as its gradient is made (torchtune's optimizer_in_bwd does the same)."""
+    optimizers: dict[torch.Tensor, torch.optim.Optimizer] = {
+        p: torch.optim.Adam([p], lr=1e-3) for p in model.parameters()
+    }
+
+    def step(p: torch.Tensor) -> None:
+        optimizers[p].step()
+        optimizers[p].zero_grad()
+
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(step)
+    return optimizers
+
+
+@pytest.mark.parametrize("on_nonfinite", ["stop", "warn"])
+def test_optimizers_stepped_inside_the_backward_record_the_whole_models_gradient_norm(
+    run_root: Path, on_nonfinite: str
+):
+    # At the first optimizer's step only its own parameter had a gradient (the others' were not made yet, or were
+    # already stepped and zeroed): the step's norm was that one parameter's, 0.16 where the model's was 0.41.
+    model, _, _ = _model_and_optimizers()
+    norms: list[float] = []
+    squares: list[float] = []
+
+    def measure(p: torch.Tensor) -> None:
+        assert p.grad is not None
+        squares.append(float(p.grad.pow(2).sum()))
+
+    for p in model.parameters():  # a parameter's hooks run in the order they were registered: this one before its step
+        p.register_post_accumulate_grad_hook(measure)
+    optimizers = _in_backward(model)
+    watch = Watch(model, list(optimizers.values()), run_dir=run_root, on_nonfinite=on_nonfinite, quiet=True)
+    with watch:
+        for i in range(0, 256, 32):
+            watch.step(batch=(X[i : i + 32], Y[i : i + 32]))
+            loss = nn.functional.cross_entropy(model(X[i : i + 32]), Y[i : i + 32])
+            watch.log(loss=loss)
+            loss.backward()
+            norms.append(math.sqrt(sum(squares)))
+            squares.clear()
+    steps = watch_steps(watch)
+    assert [s["opt_step"] for s in steps] == list(range(1, 9))
+    assert [s["grad_norm"] for s in steps] == pytest.approx(norms, rel=1e-6)
+    assert steps[0]["update_norm"] > 0
+
+
+def test_optimizers_stepped_inside_the_backward_stop_before_a_nonfinite_gradients_update(run_root: Path):
+    model, _, _ = _model_and_optimizers()
+    first = next(model.parameters())  # the first layer's weight: its gradient is made last
+    poisoned = {"at": 3, "step": 0}
+
+    def poison(p: torch.Tensor) -> None:
+        if poisoned["step"] == poisoned["at"]:
+            assert p.grad is not None
+            p.grad[0, 0] = math.nan
+
+    first.register_post_accumulate_grad_hook(poison)
+    optimizers = _in_backward(model)
+    watch = Watch(model, list(optimizers.values()), run_dir=run_root, quiet=True)
+    with pytest.raises(NonFiniteError, match="boundary=grad"), watch:
+        for i in range(0, 256, 32):
+            poisoned["step"] = i // 32
+            watch.step(batch=(X[i : i + 32], Y[i : i + 32]))
+            loss = nn.functional.cross_entropy(model(X[i : i + 32]), Y[i : i + 32])
+            watch.log(loss=loss)
+            before = first.detach().clone()
+            loss.backward()
+    assert torch.equal(first.detach(), before)  # its update was not taken
+    assert torch.isfinite(first).all()
+    steps = watch_steps(watch)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    assert math.isnan(steps[3]["grad_norm"])
+    assert steps[3]["finite"]["grad"] is False

@@ -266,6 +266,9 @@ class ModelHooks:
         # Several optimizers: each one's gradients as the step's check saw them, and that step (_check_newer).
         self._marks: list[tuple[Any, int] | None] = []
         self._marked: StepState | None = None
+        # Several optimizers stepping inside the backward: the step, and the sum of their gradients' squared norms
+        self._in_backward: StepState | None = None
+        self._backward_squares: Any = None
         self.checking = checking  # on_nonfinite "stop" or "skip": the grad norm is read before the update
         self.update_norm_every = update_norm_every
         self.param_norm_every = param_norm_every
@@ -617,14 +620,45 @@ class ModelHooks:
 
     def before_any_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         """Several optimizers: the step's first one measures the gradients, checks them and takes the snapshot, for
-        the whole model; the others step on the same gradients (or on none, after a "skip")."""
+        the whole model; the others step on the same gradients (or on none, after a "skip"). Optimizers that step
+        inside the backward each see only their own gradients (:meth:`_add_gradients`)."""
         s = self.tracker.cur
         if s is not None and s.opt_start is not None:
-            if self._marked is s and self.checking and not self.late_gradients:
+            if self._in_backward is s:
+                self._add_gradients(s, optimizer)
+            elif self._marked is s and self.checking and not self.late_gradients:
                 self._check_newer(s, [self._stepping.index(optimizer)])
             return None
         self._before_update = None  # an earlier step's, whose optimizers did not all step: not this step's start
-        return self.before_optimizer_step(optimizer, args, kwargs)
+        self._in_backward = None
+        out = self.before_optimizer_step(optimizer, args, kwargs)
+        s = self.tracker.cur
+        if s is not None and s.grad_norm is not None and not self.late_gradients and in_backward():
+            # An optimizer a parameter, stepped and zeroed by the parameter's post-accumulate-grad hook as soon as its
+            # gradient is made (PyTorch's "optimizer step in backward" recipe, torchtune's optimizer_in_bwd): the
+            # model's gradients are never all there at once, and the norm read here was one parameter's (0.16 of a
+            # model's 0.41). The step's norm is summed from each optimizer's own, read before it steps.
+            self._in_backward, self._backward_squares = s, None
+            self._add_gradients(s, optimizer)
+        return out
+
+    def _add_gradients(self, s: StepState, optimizer: Any) -> None:
+        """Optimizers stepping inside the backward: ``optimizer``'s own gradients into the step's norm, checked
+        before it steps ("stop"/"skip"). On CUDA without a check, the root of the sum is read at the step's end."""
+        if not (s.measured or self.checking):
+            return
+        params = params_of(optimizer)
+        norm = gradient_norm([p.grad for p in params if p.grad is not None])
+        if norm is None:
+            return
+        if isinstance(norm, torch.Tensor) and (self.checking or not norm.is_cuda):
+            norm = norm.item()  # as the step's first check: the one documented sync a step on CUDA
+        squares = norm * norm if self._backward_squares is None else self._backward_squares + norm * norm
+        self._backward_squares = squares
+        if type(squares) is float:
+            s.grad_norm = math.sqrt(squares)
+        if self.checking and type(norm) is float and not math.isfinite(norm):
+            self.failures.nonfinite_gradients(s, params)
 
     def after_each_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """Several optimizers: the step's optimizer phase ends with the last of them, its lr lists the groups of
@@ -642,6 +676,10 @@ class ModelHooks:
         """Several optimizers, at the step's end: every optimizer of the step has stepped, so the parameter and update
         norms are the whole model's (read at the first post-hook, they missed the others' updates)."""
         before, self._before_update = self._before_update, None
+        if self._in_backward is s:
+            self._in_backward = None
+            if isinstance(self._backward_squares, torch.Tensor):  # (CUDA, no check: summed on the device)
+                s.grad_norm = defer(torch.sqrt(self._backward_squares))
         if s.opt_step is None or not s.measured:
             return
         if (s.opt_step - 1) % self.param_norm_every == 0:
