@@ -32,15 +32,7 @@ class IndexRecorder:
 
     def __iter__(self) -> Iterator[Any]:
         self.ids.clear()  # a new epoch (persistent workers reuse the iterator)
-        ids = self.ids
-        if not self.batches:
-            for item in self.recorded:
-                ids.append(_key_ids(item))
-                yield item
-            return
-        for item in self.recorded:
-            ids.append(_batch_ids(item))
-            yield item
+        return _Recording(iter(self.recorded), self.ids, _batch_ids if self.batches else _key_ids)
 
     def __len__(self) -> int:
         return len(self.recorded)  # type: ignore[arg-type]
@@ -54,6 +46,29 @@ class IndexRecorder:
 
     def pop(self) -> list[int] | None:
         return self.ids.popleft() if self.ids else None
+
+
+class _Recording:
+    """The index sampler's iterator, remembering the ids of what it yields. Anything else asked of it reaches the
+    sampler's own iterator: torchdata's ``StatefulDataLoader`` saves and restores its position through that
+    iterator's ``state_dict`` and ``load_state_dict``. A generator here had neither, and the loader, resumed
+    mid-epoch, drew the rest of the epoch from a new order: other samples than without the Watch."""
+
+    def __init__(self, inner: Iterator[Any], ids: deque[list[int] | None], read: Callable[[Any], list[int] | None]):
+        self.inner, self.ids, self.read = inner, ids, read
+
+    def __iter__(self) -> _Recording:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self.inner)
+        self.ids.append(self.read(item))
+        return item
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 class DrawRecorder(IndexRecorder):

@@ -1,0 +1,92 @@
+"""torchdata's ``StatefulDataLoader``: a loader that saves its position mid-epoch and resumes there.
+
+It saves and restores the position through its index sampler's iterator (``state_dict``/``load_state_dict``). The
+Watch's id recorder stood in for that iterator as a generator, which has neither: a loader resumed under
+``watch.batches()`` drew the rest of the epoch from a new order (other samples than without the Watch, some twice),
+and every step's ids were those of batches skipped by the resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from tuiwatch.publisher.watch import Watch
+
+from ..helpers import watch_steps
+
+# torchdata 0.11 calls torch.set_vital, which torch 2.13 deprecates: its warning, not ours.
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+
+# Each sample's value is its index: a batch says which samples it holds.
+DATA = torch.utils.data.TensorDataset(torch.arange(96).float().unsqueeze(1), torch.zeros(96, dtype=torch.long))
+
+
+def _loader(workers: int, state: dict[str, Any] | None = None) -> StatefulDataLoader:
+    loader = StatefulDataLoader(DATA, batch_size=8, shuffle=True, num_workers=workers)
+    if state is not None:
+        loader.load_state_dict(state)
+    return loader
+
+
+def _rows(batch: Any) -> list[int]:
+    return [int(v) for v in batch[0][:, 0]]
+
+
+def _snapshot_after(loader: StatefulDataLoader, batches: int) -> dict[str, Any]:
+    it = iter(loader)
+    for _ in range(batches):
+        next(it)
+    state: dict[str, Any] = loader.state_dict()
+    return state
+
+
+def _watched(loader: StatefulDataLoader, run_root: Path) -> tuple[list[list[int]], list[Mapping[str, Any]]]:
+    model = nn.Linear(1, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    drawn = []
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for batch in watch.batches(loader):
+            drawn.append(_rows(batch))
+            loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+    return drawn, watch_steps(watch)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_resumed_mid_epoch_draws_what_it_draws_unwatched_and_each_step_has_its_ids(
+    run_root: Path, workers: int
+):
+    torch.manual_seed(0)
+    state = _snapshot_after(_loader(workers), 5)
+    unwatched = [_rows(b) for b in _loader(workers, state)]
+    assert len(unwatched) == 7  # the epoch's 12 batches less the 5 drawn before the snapshot
+    drawn, steps = _watched(_loader(workers, state), run_root)
+    assert drawn == unwatched
+    assert [s["batch_ids"] for s in steps] == drawn
+
+
+def test_a_snapshot_taken_under_the_watch_resumes_where_the_watched_epoch_went_on(run_root: Path):
+    torch.manual_seed(0)
+    loader = _loader(0)
+    model = nn.Linear(1, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    drawn = []
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for i, batch in enumerate(watch.batches(loader)):
+            drawn.append(_rows(batch))
+            loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+            if i == 4:
+                state = loader.state_dict()
+    assert [_rows(b) for b in _loader(0, state)] == drawn[5:]
