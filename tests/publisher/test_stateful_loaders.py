@@ -8,7 +8,7 @@ and every step's ids were those of batches skipped by the resume.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +90,71 @@ def test_a_snapshot_taken_under_the_watch_resumes_where_the_watched_epoch_went_o
             if i == 4:
                 state = loader.state_dict()
     assert [_rows(b) for b in _loader(0, state)] == drawn[5:]
+
+
+class Shuffled(torch.utils.data.Sampler[int]):
+    """A sampler of one's own, with no state to save: a StatefulDataLoader resumes over it (under torch's
+    BatchSampler) by drawing the epoch again and skipping the batches it had handed out."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(torch.randperm(self.n, generator=torch.Generator().manual_seed(7)).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_resumed_over_a_sampler_without_state_has_each_steps_own_ids(run_root: Path, workers: int):
+    # The batches it skips to get back to its position were drawn through the recorder: their ids came first, and
+    # each step had the ids of a batch five before its own.
+    def loader(state: dict[str, Any] | None = None) -> StatefulDataLoader:
+        batches = torch.utils.data.BatchSampler(Shuffled(96), 8, drop_last=False)  # torch's: no state either
+        made = StatefulDataLoader(DATA, batch_sampler=batches, num_workers=workers)
+        if state is not None:
+            made.load_state_dict(state)
+        return made
+
+    state = _snapshot_after(loader(), 5)
+    unwatched = [_rows(b) for b in loader(state)]
+    assert len(unwatched) == 7
+    drawn, steps = _watched(loader(state), run_root)
+    assert drawn == unwatched
+    assert [s["batch_ids"] for s in steps] == drawn
+
+
+def test_accelerate_resumed_mid_epoch_with_its_stateful_loader_has_each_steps_own_ids(run_root: Path, tmp_path: Path):
+    # Accelerate's use_stateful_dataloader: save_state mid-epoch, then load_state in a new Accelerator. Its loader
+    # resumes over torch's samplers, which have no state: the batches skipped were recorded first.
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    def prepared() -> tuple[Any, nn.Module, torch.optim.Optimizer, Any]:
+        accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+        model = nn.Linear(1, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        loader = torch.utils.data.DataLoader(DATA, batch_size=8, shuffle=True)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        return accelerator, model, optimizer, loader
+
+    torch.manual_seed(0)
+    accelerator, model, optimizer, loader = prepared()
+    for i, _ in enumerate(loader):
+        if i == 4:
+            accelerator.save_state(str(tmp_path / "state"))
+            break
+    accelerator, model, optimizer, loader = prepared()
+    accelerator.load_state(str(tmp_path / "state"))
+    drawn = []
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for x, y in watch.batches(loader):
+            drawn.append([int(v) for v in x[:, 0]])
+            loss = nn.functional.cross_entropy(model(x), y)
+            watch.log(loss=loss)
+            accelerator.backward(loss)
+            optimizer.step()
+    steps = watch_steps(watch)
+    assert len(drawn) == 7
+    assert [s["batch_ids"] for s in steps] == drawn

@@ -11,6 +11,7 @@ so the ids of the next batch are the oldest recorded.
 from __future__ import annotations
 
 import operator
+import sys
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -35,6 +36,9 @@ class IndexRecorder:
         inner, read = iter(self.recorded), _batch_ids if self.batches else _key_ids
         if hasattr(inner, "state_dict"):  # a position to save and restore: it must be seen through (_Recording)
             return _Recording(inner, self.ids, read)
+        skipped = _fast_forward(sys._getframe(1))
+        if skipped:
+            return _recording_after(skipped, inner, self.ids.append, read)
         return _recording(inner, self.ids.append, read)
 
     def __len__(self) -> int:
@@ -57,6 +61,33 @@ def _recording(inner: Iterator[Any], append: Callable[[Any], None], read: Callab
     for item in inner:
         append(read(item))
         yield item
+
+
+def _recording_after(
+    skipped: int, inner: Iterator[Any], append: Callable[[Any], None], read: Callable[[Any], Any]
+) -> Iterator[Any]:
+    """:func:`_recording` of all but the first ``skipped`` items: those the loader draws to fast-forward to where it
+    resumes, which it never hands out."""
+    for item in inner:
+        if skipped:
+            skipped -= 1
+        else:
+            append(read(item))
+        yield item
+
+
+def _fast_forward(caller: Any) -> int:
+    """How many batches a loader resumed mid-epoch skips by drawing them through the recorder, where ``caller``
+    (the frame that asked for its iterator) is torchdata's ``StatefulDataLoader`` restoring its iterator over a
+    sampler with no state of its own (torch's, Accelerate's): it draws the epoch again and skips the batches it
+    had handed out (``itertools.islice``). Their ids came first, and each step had those of a batch before it."""
+    if caller.f_code.co_name not in ("load_state_dict", "_restore_main_state"):
+        return 0
+    it = caller.f_locals.get("self")
+    if not type(it).__module__.startswith("torchdata."):
+        return 0
+    skipped = getattr(it, "_sampler_iter_yielded", 0)
+    return skipped if type(skipped) is int and skipped > 0 else 0
 
 
 class _Recording:
