@@ -158,3 +158,32 @@ def test_accelerate_resumed_mid_epoch_with_its_stateful_loader_has_each_steps_ow
     steps = watch_steps(watch)
     assert len(drawn) == 7
     assert [s["batch_ids"] for s in steps] == drawn
+
+
+def test_a_loader_resumed_over_a_sampler_with_a_state_of_its_own_has_each_steps_own_ids(run_root: Path):
+    # Without batching (batch_size=None) the recorder stands in for the sampler itself: one with a state of its own
+    # is restored, not fast-forwarded, and none of its draws may be taken for the skipped ones.
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    def loader(state: dict[str, Any] | None = None) -> StatefulDataLoader:
+        sampler = StatefulDistributedSampler(DATA, num_replicas=1, rank=0, shuffle=True, seed=3)
+        made = StatefulDataLoader(DATA, batch_size=None, sampler=sampler)
+        if state is not None:
+            made.load_state_dict(state)
+        return made
+
+    state = _snapshot_after(loader(), 5)
+    unwatched = [int(b[0][0]) for b in loader(state)]
+    assert len(unwatched) == 91
+    model = nn.Linear(1, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    drawn = []
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for x, y in watch.batches(loader(state)):
+            drawn.append(int(x[0]))
+            loss = nn.functional.cross_entropy(model(x.unsqueeze(0)), y.unsqueeze(0))
+            watch.log(loss=loss)
+            loss.backward()
+            optimizer.step()
+    assert drawn == unwatched
+    assert [s["batch_ids"] for s in watch_steps(watch)] == [[i] for i in drawn]

@@ -36,7 +36,8 @@ class IndexRecorder:
         inner, read = iter(self.recorded), _batch_ids if self.batches else _key_ids
         if hasattr(inner, "state_dict"):  # a position to save and restore: it must be seen through (_Recording)
             return _Recording(inner, self.ids, read)
-        skipped = _fast_forward(sys._getframe(1))
+        # (A sampler with a state of its own is restored, not fast-forwarded, by the same caller.)
+        skipped = 0 if hasattr(self.recorded, "state_dict") else _fast_forward(sys._getframe(1))
         if skipped:
             return _recording_after(skipped, inner, self.ids.append, read)
         return _recording(inner, self.ids.append, read)
