@@ -286,3 +286,70 @@ def test_a_batchs_ids_are_the_recorders_oldest_when_their_count_is_its_size():
     assert hooks._batch_ids(ragged) is None
     assert hooks._batch_ids(torch.zeros(2, 3)) is None  # 3 ids for 2 rows: another batch's, so none
     assert hooks._batch_ids(torch.zeros(2, 3)) is None  # none left
+
+
+STATEFUL_LOADER = """
+import glob, json, sys
+import torch
+from torch import nn
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import ModelCheckpoint
+from torchdata.stateful_dataloader import StatefulDataLoader
+from tuiwatch.lightning import TuiwatchCallback
+
+data = torch.utils.data.TensorDataset(torch.arange(96).float().unsqueeze(1), torch.zeros(96, dtype=torch.long))
+drawn = []
+
+class Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(1, 2)
+
+    def training_step(self, batch, batch_idx):
+        drawn.append([int(v) for v in batch[0][:, 0]])
+        return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    def train_dataloader(self):
+        return StatefulDataLoader(data, batch_size=8, shuffle=True)
+
+run_dir, phase = sys.argv[1], sys.argv[2]
+pl.seed_everything(0)
+callbacks = [TuiwatchCallback(run_dir=run_dir, name=phase, quiet=True)]
+options = dict(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+if phase == "first":  # a checkpoint in mid-epoch, after the fifth step
+    callbacks.append(ModelCheckpoint(dirpath=run_dir + "/ck", every_n_train_steps=5, save_top_k=-1))
+    pl.Trainer(callbacks=callbacks, **options).fit(Module())
+else:
+    path = sorted(glob.glob(run_dir + "/ck/*step=5*.ckpt"))[0]
+    pl.Trainer(callbacks=callbacks, enable_checkpointing=False, **options).fit(Module(), ckpt_path=path)
+json.dump(drawn, open(run_dir + "/" + phase + ".json", "w"))
+"""
+
+
+def test_a_stateful_loader_resumed_mid_epoch_draws_the_rest_of_its_epoch_each_step_with_its_ids(
+    tmp_path: Path, socket_dir: Path
+):
+    # torchdata's StatefulDataLoader, which Lightning saves in its checkpoints and restores with ckpt_path, makes its
+    # iterator in an __iter__ of its own: the recorder, put in at DataLoader.__iter__, never stood in, and no step
+    # had ids.
+    pytest.importorskip("torchdata")
+    script = tmp_path / "stateful.py"
+    script.write_text(STATEFUL_LOADER)
+    drawn = {}
+    for phase in ("first", "resumed"):
+        done = subprocess.run(
+            [sys.executable, str(script), str(tmp_path), phase],
+            env=env_for(socket_dir),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        drawn[phase] = json.loads((tmp_path / f"{phase}.json").read_text())
+        (ledger,) = [p for p in tmp_path.glob(f"{phase}-*/ledger.jsonl")]
+        assert [s["batch_ids"] for s in records(ledger, "step")] == drawn[phase]
+    assert len(drawn["first"]) == 12
+    assert drawn["resumed"] == drawn["first"][5:]

@@ -17,8 +17,9 @@ per optimizer step (``step_per="optimizer"``), from Lightning's hooks:
   the time since the previous batch ended (or validation did): Lightning
   fetches it just before; accumulated batches fold into their optimizer step;
   its **sample ids** come from a recorder of the training DataLoader's sampler,
-  put in at ``DataLoader.__iter__`` for the fit (Lightning makes the iterator
-  before ``on_train_start``);
+  put in at ``DataLoader.__iter__`` (and the ``__iter__`` of a subclass that has
+  its own: torchdata's ``StatefulDataLoader``) for the fit (Lightning makes the
+  iterator before ``on_train_start``);
 - the **loss** is the sum of the losses ``on_before_backward`` receives during
   the step (Lightning divides each by ``accumulate_grad_batches`` first),
   logged once at ``on_before_optimizer_step``, before the non-finite check
@@ -108,9 +109,13 @@ class _Hooks:
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """The training DataLoader's iterator is made with a recorder of its sampler, as ``watch.batches()``
         makes it: Lightning makes it before ``on_train_start`` (and again each epoch), so the recorder goes in
-        at ``DataLoader.__iter__`` for the fit, for that one loader."""
+        at ``DataLoader.__iter__`` (and a subclass's own) for the fit, for that one loader."""
         if self._unpatch is None:
-            self._unpatch = wrap_attribute(DataLoader, "__iter__", lambda original: self._iter(trainer, original))
+            undo = [
+                wrap_attribute(owner, "__iter__", lambda original: self._iter(trainer, original))
+                for owner in _iter_owners()
+            ]
+            self._unpatch = lambda: [u() for u in reversed(undo)]
 
     def _iter(self, trainer: Any, original: Any) -> Any:
         def __iter__(loader: DataLoader[Any]) -> Any:
@@ -276,6 +281,19 @@ TuiwatchCallback: type = type(
         "__module__": __name__,
     },
 )
+
+
+def _iter_owners() -> list[type]:
+    """DataLoader and its subclasses defined so far that make their iterator without ``DataLoader.__iter__``:
+    torchdata's ``StatefulDataLoader`` (which Lightning saves and restores mid-epoch), whose steps had no ids."""
+    owners: list[type] = [DataLoader]
+    pending = list(DataLoader.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if "__iter__" in vars(cls) and cls not in owners:
+            owners.append(cls)
+    return owners
 
 
 def _training_loader(trainer: Any) -> Any:
