@@ -231,6 +231,13 @@ class Attached:
 
 
 class ModelHooks:
+    # Several optimizers stepping inside the backward: the step, and the sum of their gradients' squared norms. Class
+    # defaults, set on the instance only in that case, as StepState's are: every other Watch's hooks object stays
+    # as it was (two more instance attributes counted ~4,000 more instructions a step on the tiny MLP, at the edge
+    # of bench/instructions.py's spread).
+    _in_backward: StepState | None = None
+    _backward_squares: Any = None
+
     def __init__(
         self,
         tracker: StepTracker,
@@ -266,9 +273,6 @@ class ModelHooks:
         # Several optimizers: each one's gradients as the step's check saw them, and that step (_check_newer).
         self._marks: list[tuple[Any, int] | None] = []
         self._marked: StepState | None = None
-        # Several optimizers stepping inside the backward: the step, and the sum of their gradients' squared norms
-        self._in_backward: StepState | None = None
-        self._backward_squares: Any = None
         self.checking = checking  # on_nonfinite "stop" or "skip": the grad norm is read before the update
         self.update_norm_every = update_norm_every
         self.param_norm_every = param_norm_every
