@@ -160,6 +160,16 @@ def _stepped(s: StepState, groups: list[dict[str, Any]]) -> None:
     s.lr = [defer(lr) if isinstance(lr := g.get("lr"), torch.Tensor) else lr for g in groups]
 
 
+def _own_gradient_norm(optimizer: Any, read: bool) -> tuple[list[torch.Tensor], Any]:
+    """An optimizer's parameters and the norm of their gradients (None: no gradient), a number where ``read`` (a
+    check before the update: the one documented sync a step on CUDA) or on the CPU, else a device tensor."""
+    params = params_of(optimizer)
+    norm = gradient_norm([p.grad for p in params if p.grad is not None])
+    if isinstance(norm, torch.Tensor) and (read or not norm.is_cuda):
+        norm = norm.item()
+    return params, norm
+
+
 def _gradient_mark(optimizer: Any) -> tuple[Any, int] | None:
     """An optimizer's gradients as they are now: its first gradient (held weakly: a gradient set to None and made
     again may get the freed one's id) and that gradient's version (a backward adds into it in place)."""
@@ -577,10 +587,7 @@ class ModelHooks:
             if _unchanged(self._marks[i], optimizer):
                 continue
             self._marks[i] = _gradient_mark(optimizer)
-            params = params_of(optimizer)
-            norm = gradient_norm([p.grad for p in params if p.grad is not None])
-            if isinstance(norm, torch.Tensor):
-                norm = norm.item()  # as the step's first check: the one documented sync a step on CUDA
+            params, norm = _own_gradient_norm(optimizer, read=True)
             if norm is not None and not math.isfinite(norm):
                 s.grad_norm = norm
                 self.failures.nonfinite_gradients(s, params)
@@ -651,12 +658,9 @@ class ModelHooks:
         before it steps ("stop"/"skip"). On CUDA without a check, the root of the sum is read at the step's end."""
         if not (s.measured or self.checking):
             return
-        params = params_of(optimizer)
-        norm = gradient_norm([p.grad for p in params if p.grad is not None])
+        params, norm = _own_gradient_norm(optimizer, read=self.checking)
         if norm is None:
             return
-        if isinstance(norm, torch.Tensor) and (self.checking or not norm.is_cuda):
-            norm = norm.item()  # as the step's first check: the one documented sync a step on CUDA
         squares = norm * norm if self._backward_squares is None else self._backward_squares + norm * norm
         self._backward_squares = squares
         if type(squares) is float:
