@@ -92,6 +92,30 @@ def test_a_snapshot_taken_under_the_watch_resumes_where_the_watched_epoch_went_o
     assert [_rows(b) for b in _loader(0, state)] == drawn[5:]
 
 
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_every_epoch_of_a_loader_has_its_ids(run_root: Path, workers: int, persistent: bool):
+    # The loader keeps its last iterator (for its state_dict) with or without persistent workers, and makes a new one
+    # each epoch without them: that one was taken for a persistent workers' iterator, whose recorder is in already,
+    # and the second epoch's steps had no ids.
+    torch.manual_seed(0)
+    loader = StatefulDataLoader(DATA, batch_size=8, shuffle=True, num_workers=workers, persistent_workers=persistent)
+    model = nn.Linear(1, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    drawn = []
+    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
+        for _ in range(2):
+            for batch in watch.batches(loader):
+                drawn.append(_rows(batch))
+                loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+                watch.log(loss=loss)
+                loss.backward()
+                optimizer.step()
+    steps = watch_steps(watch)
+    assert len(drawn) == 24
+    assert sorted(i for rows in drawn[12:] for i in rows) == list(range(96))  # the second epoch, whole
+    assert [s["batch_ids"] for s in steps] == drawn
+
+
 class Shuffled(torch.utils.data.Sampler[int]):
     """A sampler of one's own, with no state to save: a StatefulDataLoader resumes over it (under torch's
     BatchSampler) by drawing the epoch again and skipping the batches it had handed out."""

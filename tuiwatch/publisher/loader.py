@@ -301,8 +301,11 @@ def iter_with_ids(
         return handed
     if not _recordable(loader):
         return iterate(loader), None
-    existing = getattr(getattr(loader, "_iterator", None), "_index_sampler", None)
-    if isinstance(existing, IndexRecorder):  # persistent workers: the recorder is already in
+    # Persistent workers: the loader keeps its iterator, and the recorder in it, from epoch to epoch. (torchdata's
+    # StatefulDataLoader keeps its last iterator without them too, and makes a new one: that one needs a recorder.)
+    reused = loader.persistent_workers and loader.num_workers > 0
+    existing = getattr(getattr(loader, "_iterator", None), "_index_sampler", None) if reused else None
+    if isinstance(existing, IndexRecorder):
         return iterate(loader), existing
     attr = "batch_sampler" if loader._auto_collation else "sampler"
     original = getattr(loader, attr)
