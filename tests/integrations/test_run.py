@@ -1621,3 +1621,56 @@ def test_a_part_is_a_module_apart_from_the_model_else_the_line_says_what_is_not_
     whole = ModelOfParts([model, decoder])
     assert [name for name, _ in whole.named_children()] == ["Linear", "Linear_"]
     assert steps_beside(whole, [by_decoder, by_scale]) == [by_decoder]
+
+
+STATEFUL_LOADER = """
+import json, sys
+import torch
+from torch import nn
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.arange(96).float().unsqueeze(1), torch.zeros(96, dtype=torch.long))
+loader = StatefulDataLoader(data, batch_size=8, shuffle=True, num_workers=int(sys.argv[2]))
+mode = sys.argv[3]
+if mode == "resume":
+    loader.load_state_dict(torch.load(sys.argv[4]))
+model = nn.Linear(1, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+drawn = []
+for epoch in range(1 if mode == "resume" else 2):
+    for x, y in loader:
+        drawn.append([int(v) for v in x[:, 0]])
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if mode == "save" and len(drawn) == 5:
+            torch.save(loader.state_dict(), sys.argv[4])
+            break
+    if mode == "save":
+        break
+json.dump(drawn, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_stateful_loaders_steps_have_their_ids_fresh_and_resumed_mid_epoch(
+    socket_dir: Path, tmp_path: Path, workers: str
+):
+    """torchdata's StatefulDataLoader makes its iterator in an ``__iter__`` of its own, never torch's, where the run
+    put the id recorder: its steps had no ids. Step 0 is the Watch's first (made inside it): no batch facts."""
+    snapshot = str(tmp_path / "state.pt")
+    for mode, runs, batches in (("fresh", "fresh", 24), ("save", "saved", 5), ("resume", "resumed", 7)):
+        truth = tmp_path / f"{mode}.json"
+        steps = records(
+            run_source(STATEFUL_LOADER, tmp_path, socket_dir, str(truth), workers, mode, snapshot, runs=runs), "step"
+        )
+        drawn = json.loads(truth.read_text())
+        assert len(drawn) == len(steps) == batches, mode
+        assert [s["batch_ids"] for s in steps[1:]] == drawn[1:], mode
+    # The resumed job drew the epoch's last seven batches, as it does unwatched (the saved state is the same).
+    plain = tmp_path / "plain.json"
+    done = run([sys.executable, str(tmp_path / "script.py"), str(plain), workers, "resume", snapshot], socket_dir)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(plain.read_text()) == drawn

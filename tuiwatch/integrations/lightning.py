@@ -52,7 +52,7 @@ from torch.utils.data import DataLoader
 from tuiwatch.integrations import resumed
 from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
 from tuiwatch.integrations.metrics import eval_metrics
-from tuiwatch.publisher.loader import IndexRecorder, ids_of_size, iter_with_ids
+from tuiwatch.publisher.loader import IndexRecorder, ids_of_size, iter_owners, iter_with_ids
 from tuiwatch.publisher.measure import batch_size
 from tuiwatch.publisher.watch import Watch
 
@@ -113,7 +113,7 @@ class _Hooks:
         if self._unpatch is None:
             undo = [
                 wrap_attribute(owner, "__iter__", lambda original: self._iter(trainer, original))
-                for owner in _iter_owners()
+                for owner in iter_owners()
             ]
             self._unpatch = lambda: [u() for u in reversed(undo)]
 
@@ -281,19 +281,6 @@ TuiwatchCallback: type = type(
         "__module__": __name__,
     },
 )
-
-
-def _iter_owners() -> list[type]:
-    """DataLoader and its subclasses defined so far that make their iterator without ``DataLoader.__iter__``:
-    torchdata's ``StatefulDataLoader`` (which Lightning saves and restores mid-epoch), whose steps had no ids."""
-    owners: list[type] = [DataLoader]
-    pending = list(DataLoader.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        pending.extend(cls.__subclasses__())
-        if "__iter__" in vars(cls) and cls not in owners:
-            owners.append(cls)
-    return owners
 
 
 def _training_loader(trainer: Any) -> Any:

@@ -10,6 +10,7 @@ the loss it scaled.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,25 @@ def wrap_attribute(owner: Any, name: str, make: Callable[[Any], Any]) -> Callabl
     original = owner.__dict__[name]
     setattr(owner, name, make(original))
     return lambda: setattr(owner, name, original)
+
+
+def on_new_subclasses(base: type, found: Callable[[type], None]) -> Callable[[], None]:
+    """Call ``found(cls)`` for each subclass of ``base`` defined from now on (in a module the script imports later);
+    returns what stops it. ``found`` failing never fails the class."""
+    own = vars(base).get("__init_subclass__")  # (a classmethod, where base has one of its own)
+
+    def __init_subclass__(cls: Any, /, **kwargs: Any) -> None:
+        if own is not None:
+            own.__get__(None, cls)(**kwargs)
+        else:
+            super(base, cls).__init_subclass__(**kwargs)  # type: ignore[arg-type]  # (Generic's, for a DataLoader)
+        with contextlib.suppress(Exception):
+            found(cls)
+
+    base.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+    if own is not None:
+        return lambda: setattr(base, "__init_subclass__", own)
+    return lambda: delattr(base, "__init_subclass__")
 
 
 class BackwardLoss:

@@ -60,13 +60,21 @@ from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from tuiwatch.errors import NonFiniteError, StopRequested
-from tuiwatch.integrations.loss import BackwardLoss, wrap_attribute
+from tuiwatch.integrations.loss import BackwardLoss, on_new_subclasses, wrap_attribute
 from tuiwatch.publisher import pickling, process, replaced
 from tuiwatch.publisher.clipping import ClipBeforeTheWatch, unwatch_clipping, watch_clipping
 from tuiwatch.publisher.closures import after_first_call, step_closure, with_closure
 from tuiwatch.publisher.compiling import uncompiled
 from tuiwatch.publisher.hooks import ForwardHook, is_forward_hook
-from tuiwatch.publisher.loader import IndexRecorder, draws_one_ahead, epoch_length, iter_with_ids, record_draws
+from tuiwatch.publisher.loader import (
+    IndexRecorder,
+    draws_one_ahead,
+    epoch_length,
+    iter_owners,
+    iter_with_ids,
+    record_draws,
+    resumable,
+)
 from tuiwatch.publisher.optimizers import inner_optimizer, params_of
 from tuiwatch.publisher.pending import StepState
 from tuiwatch.publisher.watch import Watch
@@ -429,6 +437,15 @@ class ScriptWatch:
         self._undo.append(lambda: unwatch_clipping(self._clip))
         self._undo.append(wrap_attribute(DataLoader, "__iter__", self._iter))
         self._undo.append(wrap_attribute(_BaseDataLoaderIter, "__next__", self._next))
+        # torchdata's StatefulDataLoader makes its iterator without DataLoader.__iter__: its own gets the recorder
+        # too, whether it was imported before the script ran or by the script (its steps had no ids).
+        for owner in iter_owners():
+            self._record_own_iter(owner)
+        self._undo.append(on_new_subclasses(DataLoader, self._record_own_iter))
+
+    def _record_own_iter(self, loader_class: type) -> None:
+        if resumable(loader_class):
+            self._undo.append(wrap_attribute(loader_class, "__iter__", self._iter))
 
     def remove(self) -> None:
         self._drop_held()

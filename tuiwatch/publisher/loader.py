@@ -10,6 +10,7 @@ so the ids of the next batch are the oldest recorded.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import operator
 import sys
@@ -248,6 +249,34 @@ def _recordable(loader: Any) -> bool:
         isinstance(loader, DataLoader)
         and loader._dataset_kind == _DatasetKind.Map
         and getattr(loader, "in_order", True) is not False
+    )
+
+
+def iter_owners() -> list[type]:
+    """torch's DataLoader and its subclasses defined so far that make their iterator without ``DataLoader.__iter__``
+    (an ``__iter__`` of their own): torchdata's ``StatefulDataLoader``, where the id recorder must go in too."""
+    from torch.utils.data import DataLoader
+
+    owners: list[type] = [DataLoader]
+    pending = list(DataLoader.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if "__iter__" in vars(cls) and cls not in owners:
+            owners.append(cls)
+    return owners
+
+
+def resumable(loader_class: type) -> bool:
+    """A DataLoader class that saves and restores its position (``state_dict``, ``load_state_dict``: torchdata's
+    ``StatefulDataLoader``) and returns its iterator from an ``__iter__`` of its own: not a generator over one it
+    holds (timm's ``MultiEpochsDataLoader``, YOLO's ``InfiniteDataLoader``), whose ids come otherwise."""
+    own = vars(loader_class).get("__iter__")
+    return (
+        own is not None
+        and not inspect.isgeneratorfunction(own)
+        and callable(getattr(loader_class, "state_dict", None))
+        and callable(getattr(loader_class, "load_state_dict", None))
     )
 
 
