@@ -8,6 +8,7 @@ and every step's ids were those of batches skipped by the resume.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -211,3 +212,26 @@ def test_a_loader_resumed_over_a_sampler_with_a_state_of_its_own_has_each_steps_
             optimizer.step()
     assert drawn == unwatched
     assert [s["batch_ids"] for s in watch_steps(watch)] == [[i] for i in drawn]
+
+
+def test_the_recorder_and_its_iterator_are_stateful_to_pythons_protocol_check_where_the_sampler_is():
+    # torchdata asks isinstance(x, Stateful), a runtime-checkable protocol, which from Python 3.12 on looks the
+    # methods up as inspect.getattr_static does: not through __getattr__. Reached only that way, the sampler's state
+    # was neither saved nor restored on 3.12 and 3.13, and a resumed loader drew another order under the Watch.
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+    from torchdata.stateful_dataloader.stateful import Stateful
+
+    from tuiwatch.publisher.loader import index_recorder
+
+    def own(thing: Any) -> bool:
+        return all(callable(inspect.getattr_static(thing, name, None)) for name in ("state_dict", "load_state_dict"))
+
+    sampler = index_recorder(StatefulDistributedSampler(DATA, num_replicas=1, rank=0), batches=False)
+    batches = index_recorder(StatefulDataLoader(DATA, batch_size=8, shuffle=True).batch_sampler, batches=True)
+    for stateful in (sampler, iter(batches)):  # (a sampler that has a state; a batch sampler whose iterator has)
+        assert own(stateful)
+        assert isinstance(stateful, Stateful)
+    plain = index_recorder(torch.utils.data.BatchSampler(range(96), 8, drop_last=False), batches=True)
+    assert not own(plain)
+    assert not own(iter(plain))
+    assert next(iter(plain)) == list(range(8))  # (recording as before)

@@ -36,7 +36,7 @@ class IndexRecorder:
     def __iter__(self) -> Iterator[Any]:
         self.ids.clear()  # a new epoch (persistent workers reuse the iterator)
         inner, read = iter(self.recorded), _batch_ids if self.batches else _key_ids
-        if hasattr(inner, "state_dict"):  # a position to save and restore: it must be seen through (_Recording)
+        if _stateful(inner):  # a position to save and restore: it must be seen through (_Recording)
             return _Recording(inner, self.ids, read)
         # (A sampler with a state of its own is restored, not fast-forwarded, by the same caller.)
         skipped = 0 if hasattr(self.recorded, "state_dict") else _fast_forward(sys._getframe(1))
@@ -54,6 +54,30 @@ class IndexRecorder:
 
     def pop(self) -> list[int] | None:
         return self.ids.popleft() if self.ids else None
+
+
+class _StatefulIndexRecorder(IndexRecorder):
+    """The recorder of a sampler with a state of its own (torchdata's ``StatefulDistributedSampler``), which a
+    ``StatefulDataLoader`` saves and restores: its two methods are the sampler's. They must be the class's own,
+    not reached through ``__getattr__``: from Python 3.12 on, ``isinstance(x, Stateful)`` (a runtime-checkable
+    protocol, as torchdata asks it) looks a method up without ``__getattr__``, and the sampler's state was
+    neither saved nor restored."""
+
+    def state_dict(self) -> Any:
+        return self.recorded.state_dict()  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: Any) -> None:
+        self.recorded.load_state_dict(state)  # type: ignore[attr-defined]
+
+
+def index_recorder(sampler: Iterable[Any], *, batches: bool) -> IndexRecorder:
+    """The :class:`IndexRecorder` of ``sampler``: one that has the sampler's state methods where it has them."""
+    return (_StatefulIndexRecorder if _stateful(sampler) else IndexRecorder)(sampler, batches=batches)
+
+
+def _stateful(thing: Any) -> bool:
+    """Whether ``thing`` saves and restores a position (torchdata's ``Stateful``: both methods)."""
+    return hasattr(thing, "state_dict") and hasattr(thing, "load_state_dict")
 
 
 def _recording(
@@ -99,6 +123,14 @@ class _Recording:
         item = self._next()
         self._append(self._read(item))
         return item
+
+    # The class's own, as _StatefulIndexRecorder's are: Python 3.12's isinstance(x, Stateful) does not see them
+    # through __getattr__, and the position was neither saved nor restored (another order after a resume).
+    def state_dict(self) -> Any:
+        return self.inner.state_dict()  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state: Any) -> None:
+        self.inner.load_state_dict(state)  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> Any:
         if name in ("inner", "_next", "_append", "_read"):  # not set yet (a copy being built): no recursion
@@ -338,7 +370,7 @@ def iter_with_ids(
         return iterate(loader), existing
     attr = "batch_sampler" if loader._auto_collation else "sampler"
     original = getattr(loader, attr)
-    recorder = IndexRecorder(original, batches=loader._auto_collation)
+    recorder = index_recorder(original, batches=loader._auto_collation)
     # DataLoader.__setattr__ forbids this after init; the swap lasts only for iter().
     object.__setattr__(loader, attr, recorder)
     try:
@@ -366,7 +398,7 @@ def adapter_with_ids(
     attr = "batch_sampler" if base._auto_collation else "sampler"
     current = getattr(base, attr)
     original = current.recorded if isinstance(current, IndexRecorder) else current  # an epoch left unfinished
-    recorder = IndexRecorder(original, batches=base._auto_collation)
+    recorder = index_recorder(original, batches=base._auto_collation)
 
     def batches() -> Iterator[Any]:
         object.__setattr__(base, attr, recorder)
