@@ -179,6 +179,55 @@ def test_a_watch_in_a_multiprocessing_worker_ends_its_ledger_without_a_with_bloc
     assert list_sockets(socket_dir) == []
 
 
+HANDLED_IN_A_WORKER = """
+import sys, traceback
+import multiprocessing as mp
+import torch
+from tuiwatch import Watch
+
+def train(run_dir):
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    watch = Watch(model, optimizer, name="worker", run_dir=run_dir, quiet=True, system=False)  # no `with`
+    for _ in range(3):
+        watch.step()
+        try:
+            raise OSError("a shard to retry")
+        except OSError:
+            traceback.print_exc()  # the loop's own: handled, and the run goes on
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+if __name__ == "__main__":
+    worker = mp.get_context(sys.argv[1]).Process(target=train, args=(sys.argv[2],))
+    worker.start()
+    worker.join()
+    print("exit code", worker.exitcode)
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_an_exception_a_worker_handled_and_printed_does_not_end_its_ledger_as_one(
+    method: str, run_root: Path, socket_dir: Path, tmp_path: Path
+):
+    # From Python 3.13 a worker's uncaught exception is seen where multiprocessing prints it (traceback.print_exc
+    # called by its _bootstrap): a print_exc() of the loop's own is not that.
+    script = tmp_path / "worker.py"
+    script.write_text(HANDLED_IN_A_WORKER)
+    done = subprocess.run(
+        [sys.executable, str(script), method, str(run_root)],
+        env=env_for(socket_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout == "exit code 0\n", done.stderr
+    assert done.stderr.count("OSError: a shard to retry") == 3
+    assert [(e["reason"], e["steps"]) for e in records(ledger_file(run_root), "end")] == [("finished", 3)]
+
+
 def test_a_child_forked_while_the_publisher_thread_held_its_stop_flag_does_not_hang(run_root: Path, socket_dir: Path):
     """A DataLoader forks its workers whenever the loop starts an epoch; the publisher thread may be setting its
     pipeline's stop flag at that moment (a collected Watch's close runs on whatever thread collects it). The

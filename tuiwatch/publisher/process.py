@@ -6,7 +6,9 @@ process is ending for. A process that multiprocessing started (a hogwild
 worker, a rank of ``mp.spawn``) gets one more: under fork and forkserver it
 ends with ``os._exit``, which runs no atexit hook, and the target's exception
 never reaches ``sys.excepthook``; multiprocessing's own exit finalizers run
-first, with that exception still in ``sys.exc_info()``.
+first, with that exception still in ``sys.exc_info()`` up to Python 3.12.
+From 3.13 they run after it was handled, and the target's exception is seen
+where multiprocessing prints it (:func:`_note_the_targets_exception`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 import weakref
 from collections.abc import Callable
 from types import TracebackType
@@ -89,6 +92,28 @@ def _close_at_multiprocessing_exit() -> None:
         return
     _finalized_in = pid
     multiprocessing.util.Finalize(None, _close_all_at_exit, exitpriority=0)
+    _note_the_targets_exception()
+
+
+def _note_the_targets_exception() -> None:
+    """``traceback.print_exc`` notes the exception it prints when multiprocessing's ``_bootstrap`` calls it for the
+    target's: from Python 3.13 that is the one moment the exception is known (the exit finalizers run after
+    ``_bootstrap`` returned, and a worker whose target raised ended its ledger "finished"). A loop's own
+    ``print_exc()`` of an exception it handled is another caller's, and is not noted."""
+    printed = traceback.print_exc
+    if getattr(printed, "_tuiwatch", False):
+        return  # (inherited from a parent process that is itself a multiprocessing child)
+    bootstrap = multiprocessing.process.BaseProcess._bootstrap.__code__  # type: ignore[attr-defined]
+
+    def print_exc(*args: Any, **kwargs: Any) -> None:
+        if sys._getframe(1).f_code is bootstrap:
+            failure = sys.exc_info()[0]
+            if failure is not None:
+                _uncaught.append(failure)
+        printed(*args, **kwargs)
+
+    print_exc._tuiwatch = True  # type: ignore[attr-defined]
+    traceback.print_exc = print_exc
 
 
 def _after_fork_in_child() -> None:
