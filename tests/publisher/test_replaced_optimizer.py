@@ -245,7 +245,8 @@ def test_a_forked_childs_new_optimizer_is_not_followed(run_root: Path, socket_di
     # child and off there, follows nothing and says nothing in it. (In a process of its own: torch's autograd engine,
     # once it has run in the parent, hangs a forked child's backward.)
     done = subprocess.run(
-        [sys.executable, "-c", HOGWILD, str(run_root)],
+        # (Python 3.12 on warns at the script's own fork() in a process with threads: the Watch's thread, here)
+        [sys.executable, "-W", "ignore:This process:DeprecationWarning", "-c", HOGWILD, str(run_root)],
         capture_output=True,
         text=True,
         timeout=60,
