@@ -39,7 +39,7 @@ class IndexRecorder:
         if _stateful(inner):  # a position to save and restore: it must be seen through (_Recording)
             return _Recording(inner, self.ids, read)
         # (A sampler with a state of its own is restored, not fast-forwarded, by the same caller.)
-        skipped = 0 if hasattr(self.recorded, "state_dict") else _fast_forward(sys._getframe(1))
+        skipped = 0 if _stateful(self.recorded) else _fast_forward(sys._getframe(1))
         return _recording(inner, self.ids.append, read, skipped)
 
     def __len__(self) -> int:
