@@ -154,21 +154,28 @@ if __name__ == "__main__":
 """
 
 
+def _run_workers(
+    source: str, tmp_path: Path, socket_dir: Path, method: str, run_root: Path
+) -> subprocess.CompletedProcess[str]:
+    """``source``, a script that starts multiprocessing workers by ``method``, run with its run directory."""
+    script = tmp_path / "workers.py"
+    script.write_text(source)
+    return subprocess.run(
+        [sys.executable, str(script), method, str(run_root)],
+        env=env_for(socket_dir),
+        capture_output=True,
+        text=True,
+        timeout=120,  # spawned interpreters import torch
+    )
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_watch_in_a_multiprocessing_worker_ends_its_ledger_without_a_with_block(
     method: str, run_root: Path, socket_dir: Path, tmp_path: Path
 ):
     # Under fork the worker ends with os._exit (no atexit hook); under either, its target's exception is caught
     # by multiprocessing and never reaches sys.excepthook. Each worker's ledger must still end, with the reason.
-    script = tmp_path / "workers.py"
-    script.write_text(WORKERS_WITHOUT_WITH)
-    done = subprocess.run(
-        [sys.executable, str(script), method, str(run_root)],
-        env=env_for(socket_dir),
-        capture_output=True,
-        text=True,
-        timeout=120,  # two spawned interpreters import torch
-    )
+    done = _run_workers(WORKERS_WITHOUT_WITH, tmp_path, socket_dir, method, run_root)
     assert done.stdout == "exit codes [0, 1]\n", done.stderr
     ends = {}
     for ledger in run_root.glob("*/ledger.jsonl"):
@@ -214,15 +221,7 @@ def test_an_exception_a_worker_handled_and_printed_does_not_end_its_ledger_as_on
 ):
     # From Python 3.13 a worker's uncaught exception is seen where multiprocessing prints it (traceback.print_exc
     # called by its _bootstrap): a print_exc() of the loop's own is not that.
-    script = tmp_path / "worker.py"
-    script.write_text(HANDLED_IN_A_WORKER)
-    done = subprocess.run(
-        [sys.executable, str(script), method, str(run_root)],
-        env=env_for(socket_dir),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _run_workers(HANDLED_IN_A_WORKER, tmp_path, socket_dir, method, run_root)
     assert done.stdout == "exit code 0\n", done.stderr
     assert done.stderr.count("OSError: a shard to retry") == 3
     assert [(e["reason"], e["steps"]) for e in records(ledger_file(run_root), "end")] == [("finished", 3)]

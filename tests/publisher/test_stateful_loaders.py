@@ -48,17 +48,20 @@ def _snapshot_after(loader: StatefulDataLoader, batches: int) -> dict[str, Any]:
     return state
 
 
-def _watched(loader: StatefulDataLoader, run_root: Path) -> tuple[list[list[int]], list[Mapping[str, Any]]]:
+def _watched(
+    loader: StatefulDataLoader, run_root: Path, epochs: int = 1
+) -> tuple[list[list[int]], list[Mapping[str, Any]]]:
     model = nn.Linear(1, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     drawn = []
     with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
-        for batch in watch.batches(loader):
-            drawn.append(_rows(batch))
-            loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
-            watch.log(loss=loss)
-            loss.backward()
-            optimizer.step()
+        for _ in range(epochs):
+            for batch in watch.batches(loader):
+                drawn.append(_rows(batch))
+                loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
+                watch.log(loss=loss)
+                loss.backward()
+                optimizer.step()
     return drawn, watch_steps(watch)
 
 
@@ -100,18 +103,7 @@ def test_every_epoch_of_a_loader_has_its_ids(run_root: Path, workers: int, persi
     # and the second epoch's steps had no ids.
     torch.manual_seed(0)
     loader = StatefulDataLoader(DATA, batch_size=8, shuffle=True, num_workers=workers, persistent_workers=persistent)
-    model = nn.Linear(1, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    drawn = []
-    with Watch(model, optimizer, run_dir=run_root, system=False, quiet=True) as watch:
-        for _ in range(2):
-            for batch in watch.batches(loader):
-                drawn.append(_rows(batch))
-                loss = nn.functional.cross_entropy(model(batch[0]), batch[1])
-                watch.log(loss=loss)
-                loss.backward()
-                optimizer.step()
-    steps = watch_steps(watch)
+    drawn, steps = _watched(loader, run_root, epochs=2)
     assert len(drawn) == 24
     assert sorted(i for rows in drawn[12:] for i in rows) == list(range(96))  # the second epoch, whole
     assert [s["batch_ids"] for s in steps] == drawn
