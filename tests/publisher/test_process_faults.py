@@ -169,7 +169,7 @@ def _run_workers(
     )
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])  # (forkserver: 3.14's default on Linux)
 def test_a_watch_in_a_multiprocessing_worker_ends_its_ledger_without_a_with_block(
     method: str, run_root: Path, socket_dir: Path, tmp_path: Path
 ):
@@ -215,7 +215,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])  # (forkserver: 3.14's default on Linux)
 def test_an_exception_a_worker_handled_and_printed_does_not_end_its_ledger_as_one(
     method: str, run_root: Path, socket_dir: Path, tmp_path: Path
 ):
